@@ -1,0 +1,143 @@
+"""The ``kvsim`` command line.
+
+``kvsim run scenario.toml [--out DIR]`` simulates a scenario and writes its results;
+``kvsim presets`` lists the shipped model and hardware presets. Bad input prints one line,
+``kvsim: error: <where>: <what>``, and exits with status 2, leaving no result folder behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvsim import __version__, presets
+from kvsim.errors import ConfigError
+
+RESULT_FILES = ("requests.csv", "steps.csv", "summary.json", "scenario.resolved.toml")
+
+
+class _Progress:
+    """A one-line progress bar on a terminal, refreshed at most every half second."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.last = time.monotonic()
+        self.shown = False
+
+    def __call__(self, step: int, sim_s: float, finished: int, total: int) -> None:
+        if step % 256:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.5:
+            return
+        self.last = now
+        width = 30
+        filled = width * finished // max(total, 1)
+        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {finished}/{total} "
+                          f"requests, step {step}, {sim_s:.1f} s simulated")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * 79 + "\r")
+            self.stream.flush()
+
+
+def _default_out(scenario: Path) -> Path:
+    base = Path("kvsim-out") / scenario.stem
+    out, i = base, 1
+    while out.exists():
+        i += 1
+        out = base.with_name(f"{base.name}-{i}")
+    return out
+
+
+def _write_results(out: Path, files: dict[str, str]) -> None:
+    """Write into a temporary sibling folder, then rename: a folder named ``out`` is complete."""
+    if out.exists():
+        if not out.is_dir() or not (out / "summary.json").exists():
+            raise ConfigError(str(out), "exists and is not a kvsim result folder; choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def cmd_run(args) -> int:
+    from kvsim import engine, metrics
+    from kvsim.config import load_scenario, resolved_toml
+    from kvsim.workload import build_requests
+
+    path = Path(args.scenario)
+    sc = load_scenario(path)
+    specs = build_requests(sc)
+    out = Path(args.out) if args.out else _default_out(path)
+    progress = _Progress(sys.stderr) if sys.stderr.isatty() and not args.quiet else None
+    try:
+        rec = engine.run(sc, specs, progress=progress)
+    finally:
+        if progress:
+            progress.close()
+    summary = metrics.summarize(sc, rec)
+    _write_results(out, {
+        "requests.csv": metrics.requests_csv(rec),
+        "steps.csv": metrics.steps_csv(rec),
+        "summary.json": metrics.summary_json(summary),
+        "scenario.resolved.toml": resolved_toml(sc),
+    })
+    if not args.quiet:
+        print(metrics.summary_table(summary, str(out)))
+    return 0
+
+
+def cmd_presets(args) -> int:
+    for kind in ("models", "hardware"):
+        print(f"{kind}:")
+        for name in presets.names(kind):
+            data = presets.load(kind, name)
+            detail = data.get("hf_id") or data.get("device_name") or ""
+            print(f"  {name:16} {detail}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvsim", description="Block-exact simulator of vLLM's KV cache.")
+    ap.add_argument("--version", action="version", version=f"kvsim {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="simulate a scenario and write its results")
+    run.add_argument("scenario", help="scenario TOML file")
+    run.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>)")
+    run.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    run.set_defaults(func=cmd_run)
+    pre = sub.add_parser("presets", help="list the shipped model and hardware presets")
+    pre.set_defaults(func=cmd_presets)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"kvsim: error: {exc.where}: {exc.what}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,511 @@
+"""Scenario files: the only module that reads TOML.
+
+A scenario has the sections ``[model]``, ``[hardware]``, ``[engine]``, ``[speculative]``,
+``[workload]``, ``[cost]`` and ``[run]``. Engine keys carry vLLM's engine-argument names and
+take vLLM's default for the chosen ``vllm_version`` when left out. Every key is declared once
+in ``SCHEMA`` below, with its type, default and meaning; ``docs/scenario.md`` is checked
+against it. Bad input raises ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from kvsim import presets
+from kvsim.errors import ConfigError
+from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
+
+GiB = 1 << 30
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+KV_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One scenario key: its type (``int``, ``float``, ``bool``, ``str``), default and doc.
+
+    ``default=REQUIRED`` means the key must be given (or come from a preset); ``None`` means
+    "derived" (documented in ``doc``). ``choices`` restricts strings; ``low`` bounds numbers
+    from below (``low_open`` makes the bound strict).
+    """
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+    choices: tuple = ()
+    low: float | None = None
+    low_open: bool = False
+    high: float | None = None
+
+
+REQUIRED = object()
+
+MODEL_KEYS = (
+    Key("preset", "str", None, "Name of a shipped model preset (`kvsim presets`); any key below overrides it."),
+    Key("name", "str", "custom", "Label used in outputs."),
+    Key("num_hidden_layers", "int", REQUIRED, "Decoder layers (HF `num_hidden_layers`).", low=1),
+    Key("hidden_size", "int", REQUIRED, "Model width.", low=1),
+    Key("num_attention_heads", "int", REQUIRED, "Query heads.", low=1),
+    Key("num_key_value_heads", "int", REQUIRED, "KV heads (GQA).", low=1),
+    Key("head_dim", "int", REQUIRED, "Per-head dimension.", low=1),
+    Key("intermediate_size", "int", REQUIRED, "MLP width (activation-memory estimate).", low=1),
+    Key("vocab_size", "int", REQUIRED, "Vocabulary size (LM-head cost).", low=1),
+    Key("num_params", "int", REQUIRED, "Total parameters (weight bytes and linear FLOPs).", low=1),
+    Key("dtype", "str", "bfloat16", "Weight dtype.", choices=tuple(DTYPE_BYTES)),
+    Key("max_position_embeddings", "int", REQUIRED, "Context length; the default `max_model_len`.", low=1),
+)
+
+HARDWARE_KEYS = (
+    Key("preset", "str", None, "Name of a shipped hardware preset; any key below overrides it."),
+    Key("name", "str", "custom", "Label used in outputs."),
+    Key("device_name", "str", "", "Device name as torch reports it (information only)."),
+    Key("peak_flops_per_s", "float", REQUIRED, "Dense BF16/FP16 tensor-core peak, FLOP/s.", low=0, low_open=True),
+    Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.", low=0, low_open=True),
+    Key("memory_bytes", "int", REQUIRED, "Device memory, bytes.", low=1),
+)
+
+ENGINE_KEYS = (
+    Key("vllm_version", "str", DEFAULT_VERSION, "The vLLM release whose accounting to reproduce.",
+        choices=tuple(VERSIONS)),
+    Key("block_size", "int", 16, "Tokens per KV block (`--block-size`).", low=1),
+    Key("num_gpu_blocks", "int", None,
+        "The whole block pool, vLLM's reserved null block included (as `--num-gpu-blocks-override` "
+        "means it). Left out: derived from memory like vLLM (see below).", low=2),
+    Key("gpu_memory_utilization", "float", None,
+        "Fraction of device memory vLLM may use (default per version: 0.92 for 0.33).",
+        low=0, low_open=True, high=1),
+    Key("kv_cache_memory_bytes", "int", None, "KV cache size in bytes (`--kv-cache-memory-bytes`); "
+        "overrides the memory-based estimate.", low=1),
+    Key("kv_cache_dtype", "str", "auto", "KV cache dtype (`auto` = model dtype).",
+        choices=("auto", *KV_CACHE_DTYPE_BYTES)),
+    Key("tensor_parallel_size", "int", 1, "GPUs per replica: weights, KV heads and FLOPs are split "
+        "across them (no communication cost is modelled).", low=1),
+    Key("enable_prefix_caching", "bool", True, "Automatic prefix caching."),
+    Key("max_num_batched_tokens", "int", None, "Token budget per step. Default as `vllm serve`: "
+        "8192 on a device with >= 70 GiB that is not an A100 (16384 at >= 160 GiB), else 2048.", low=1),
+    Key("max_num_seqs", "int", None, "Running-request cap. Default as `vllm serve`: 1024 at >= 70 GiB "
+        "(not A100), else 256.", low=1),
+    Key("max_model_len", "int", None, "Longest sequence (prompt + output); default the model's "
+        "`max_position_embeddings`, and may exceed it.", low=2),
+    Key("enable_chunked_prefill", "bool", True, "Split prompts across steps."),
+    Key("long_prefill_token_threshold", "int", 0, "Per-step chunk cap for a request (0 = off).", low=0),
+    Key("scheduling_policy", "str", "fcfs", "`fcfs` or `priority` (lower value first).",
+        choices=("fcfs", "priority")),
+    Key("scheduler_reserve_full_isl", "bool", True, "Admit a waiting request only if its whole "
+        "prompt fits in free blocks."),
+    Key("async_scheduling", "bool", False, "Asynchronous scheduling (not modelled yet: must be false)."),
+)
+
+SPECULATIVE_KEYS = (
+    Key("method", "str", "none", "Speculative decoding method (only `none` so far).", choices=("none",)),
+)
+
+WORKLOAD_KEYS = (
+    Key("kind", "str", "synthetic", "`trace` (read a file) or `synthetic` (generate).",
+        choices=("trace", "synthetic")),
+    Key("format", "str", "kvsim", "Trace format (kind = trace): `kvsim` JSONL.", choices=("kvsim",)),
+    Key("path", "str", None, "Trace file (kind = trace), relative to the scenario file."),
+    Key("generator", "str", "shared_prefix", "Synthetic generator (kind = synthetic).",
+        choices=("shared_prefix",)),
+    Key("num_requests", "int", 100, "Requests to generate.", low=1),
+    Key("request_rate", "float", 10.0, "Poisson arrival rate, requests/s (`inf`: all at t = 0).",
+        low=0, low_open=True),
+    Key("system_prompt_tokens", "int", 512, "Prefix shared by every request.", low=0),
+    Key("num_users", "int", 8, "Users; each request belongs to one, drawn uniformly.", low=1),
+    Key("user_history_tokens", "int", 1024, "Per-user prefix after the system prompt, shared by "
+        "that user's requests.", low=0),
+    Key("input_tokens", "int", 128, "Fresh tokens at the end of each prompt.", low=1),
+    Key("output_tokens", "int", 128, "Tokens each request generates (`max_tokens`).", low=1),
+)
+
+COST_KEYS = (
+    Key("model", "str", "roofline", "Step-time model: `roofline` (uncalibrated).", choices=("roofline",)),
+    Key("compute_efficiency", "float", 0.6, "Fraction of peak FLOP/s a step reaches.", low=0,
+        low_open=True, high=1),
+    Key("bandwidth_efficiency", "float", 0.8, "Fraction of peak bandwidth a step reaches.", low=0,
+        low_open=True, high=1),
+    Key("step_overhead_s", "float", 0.002, "Fixed CPU/launch overhead per step, seconds.", low=0),
+)
+
+RUN_KEYS = (
+    Key("seed", "int", 0, "Seed for every random choice (same seed, same output).", low=0),
+    Key("max_requests", "int", None, "Use only the first N requests of the workload.", low=1),
+    Key("max_sim_time_s", "float", None, "Stop the clock here; unfinished requests are reported "
+        "unfinished.", low=0, low_open=True),
+    Key("max_steps", "int", None, "Stop after this many engine steps.", low=1),
+)
+
+SCHEMA: dict[str, tuple[Key, ...]] = {
+    "model": MODEL_KEYS, "hardware": HARDWARE_KEYS, "engine": ENGINE_KEYS,
+    "speculative": SPECULATIVE_KEYS, "workload": WORKLOAD_KEYS, "cost": COST_KEYS, "run": RUN_KEYS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCfg:
+    name: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_params: int
+    dtype: str
+    max_position_embeddings: int
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareCfg:
+    name: str
+    device_name: str
+    peak_flops_per_s: float
+    mem_bandwidth_bytes_per_s: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCfg:
+    vllm_version: str
+    block_size: int
+    num_gpu_blocks: int
+    num_gpu_blocks_derived: bool
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
+    kv_cache_dtype: str
+    tensor_parallel_size: int
+    enable_prefix_caching: bool
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enable_chunked_prefill: bool
+    long_prefill_token_threshold: int
+    scheduling_policy: str
+    scheduler_reserve_full_isl: bool
+    async_scheduling: bool
+
+    @property
+    def semantics(self) -> Semantics:
+        sem = semantics_for(self.vllm_version)
+        assert sem is not None  # checked at load
+        return sem
+
+
+@dataclass(frozen=True, slots=True)
+class SpecCfg:
+    method: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCfg:
+    kind: str
+    format: str
+    path: Path | None
+    generator: str
+    num_requests: int
+    request_rate: float
+    system_prompt_tokens: int
+    num_users: int
+    user_history_tokens: int
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CostCfg:
+    model: str
+    compute_efficiency: float
+    bandwidth_efficiency: float
+    step_overhead_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunCfg:
+    seed: int
+    max_requests: int | None
+    max_sim_time_s: float | None
+    max_steps: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    path: Path | None
+    model: ModelCfg
+    hardware: HardwareCfg
+    engine: EngineCfg
+    speculative: SpecCfg
+    workload: WorkloadCfg
+    cost: CostCfg
+    run: RunCfg
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _check_value(where: str, key: Key, value: Any) -> Any:
+    t = key.type
+    if t == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(where, f"must be true or false, got {value!r}")
+        return value
+    if t == "str":
+        if not isinstance(value, str):
+            raise ConfigError(where, f"must be a string, got {value!r}")
+        if key.choices and value not in key.choices:
+            raise ConfigError(where, f"must be one of {', '.join(map(repr, key.choices))}, "
+                              f"got {value!r}{_suggest(value, list(key.choices))}")
+        return value
+    if t == "int":
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**62:
+            value = int(value)  # 1e9 style
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(where, f"must be an integer, got {value!r}")
+    elif t == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(where, f"must be a number, got {value!r}")
+        value = float(value)
+        if math.isnan(value):
+            raise ConfigError(where, "must be a number, got nan")
+    if key.low is not None and (value < key.low or (key.low_open and value == key.low)):
+        bound = f"greater than {key.low:g}" if key.low_open else f"at least {key.low:g}"
+        raise ConfigError(where, f"must be {bound}, got {value!r}")
+    if key.high is not None and value > key.high:
+        raise ConfigError(where, f"must be at most {key.high:g}, got {value!r}")
+    return value
+
+
+def _section(raw: dict, section: str, file: str) -> dict[str, Any]:
+    """Validate one section: unknown keys, types, ranges, presets. Returns key -> value."""
+    table = raw.get(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{file}: {section}", "must be a table ([" + section + "])")
+    keys = {k.name: k for k in SCHEMA[section]}
+    for name in table:
+        if name not in keys:
+            raise ConfigError(f"{file}: {section}.{name}",
+                              f"unknown key{_suggest(name, list(keys))}")
+    merged: dict[str, Any] = {}
+    preset_name = table.get("preset")
+    if preset_name is not None:
+        _check_value(f"{file}: {section}.preset", keys["preset"], preset_name)
+        kind = "models" if section == "model" else "hardware"
+        data = presets.load(kind, preset_name)
+        if data is None:
+            known = presets.names(kind)
+            raise ConfigError(f"{file}: {section}.preset",
+                              f"unknown preset {preset_name!r}{_suggest(preset_name, known)}; "
+                              f"known: {', '.join(known)}")
+        merged.update({k: v for k, v in data.items() if k in keys})
+    merged.update(table)
+    out = {}
+    for key in SCHEMA[section]:
+        where = f"{file}: {section}.{key.name}"
+        if key.name in merged:
+            out[key.name] = _check_value(where, key, merged[key.name])
+        elif key.default is REQUIRED:
+            hint = " (or name a preset with 'preset = ...')" if "preset" in keys else ""
+            raise ConfigError(where, f"missing{hint}")
+        else:
+            out[key.name] = key.default
+    return out
+
+
+def _build(cls, values: dict[str, Any]):
+    return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+
+def kv_bytes_per_token(model: ModelCfg, engine_kv_dtype: str, tp: int) -> int:
+    """Bytes of K and V per token across all layers, on one GPU of the replica."""
+    dtype_bytes = model.dtype_bytes if engine_kv_dtype == "auto" else KV_CACHE_DTYPE_BYTES[engine_kv_dtype]
+    kv_heads = max(1, model.num_key_value_heads // tp)
+    return 2 * model.num_hidden_layers * kv_heads * model.head_dim * dtype_bytes
+
+
+def estimate_kv_cache_bytes(model: ModelCfg, hw: HardwareCfg, util: float, tp: int,
+                            max_num_batched_tokens: int, max_num_seqs: int) -> tuple[int, dict]:
+    """vLLM's "available KV cache memory", estimated without profiling.
+
+    ``memory × gpu_memory_utilization − weights − activation peak − non-torch memory``, where
+    the activation peak stands in for vLLM's profile run (a ``max_num_batched_tokens`` forward
+    pass: MLP intermediate and residual stream, plus float32 logits for ``max_num_seqs``
+    sampled rows) and non-torch memory (CUDA context, graphs, NCCL) is taken as 1 GiB.
+    """
+    weights = model.num_params * model.dtype_bytes // tp
+    activation = (max_num_batched_tokens * (2 * model.intermediate_size // tp + 4 * model.hidden_size)
+                  * model.dtype_bytes + max_num_seqs * model.vocab_size * 4)
+    non_torch = 1 * GiB
+    avail = int(hw.memory_bytes * util) - weights - activation - non_torch
+    return avail, {"weights_bytes": weights, "activation_bytes": activation,
+                   "non_torch_bytes": non_torch}
+
+
+def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg:
+    e = _section(raw, "engine", file)
+    where = f"{file}: engine"
+    sem = semantics_for(e["vllm_version"])
+    if e["async_scheduling"]:
+        raise ConfigError(f"{where}.async_scheduling",
+                          "asynchronous scheduling is not modelled yet; set it to false")
+    big = hw.memory_bytes >= 70 * GiB and "a100" not in (hw.name + hw.device_name).lower()
+    if e["max_num_batched_tokens"] is None:
+        e["max_num_batched_tokens"] = 16384 if hw.memory_bytes >= 160 * GiB else 8192 if big else 2048
+    if e["max_num_seqs"] is None:
+        e["max_num_seqs"] = 1024 if big or hw.memory_bytes >= 160 * GiB else 256
+    if e["max_model_len"] is None:
+        e["max_model_len"] = model.max_position_embeddings
+    if e["gpu_memory_utilization"] is None:
+        e["gpu_memory_utilization"] = sem.default_gpu_memory_utilization
+    tp = e["tensor_parallel_size"]
+    if model.num_attention_heads % tp:
+        raise ConfigError(f"{where}.tensor_parallel_size",
+                          f"{tp} does not divide num_attention_heads ({model.num_attention_heads})")
+    # vLLM's own start-up checks (SchedulerConfig.verify_max_model_len).
+    mnbt, mml = e["max_num_batched_tokens"], e["max_model_len"]
+    if not e["enable_chunked_prefill"] and mnbt < mml:
+        raise ConfigError(f"{where}.max_num_batched_tokens",
+                          f"{mnbt} is smaller than max_model_len ({mml}) with chunked prefill off; "
+                          "vLLM refuses this")
+    if mnbt < e["max_num_seqs"]:
+        raise ConfigError(f"{where}.max_num_batched_tokens",
+                          f"{mnbt} must be at least max_num_seqs ({e['max_num_seqs']})")
+    if e["long_prefill_token_threshold"] > mml:
+        raise ConfigError(f"{where}.long_prefill_token_threshold",
+                          f"{e['long_prefill_token_threshold']} exceeds max_model_len ({mml})")
+    block_bytes = kv_bytes_per_token(model, e["kv_cache_dtype"], tp) * e["block_size"]
+    derived = e["num_gpu_blocks"] is None
+    if derived:
+        if e["kv_cache_memory_bytes"] is not None:
+            avail = e["kv_cache_memory_bytes"]
+        else:
+            avail, parts = estimate_kv_cache_bytes(model, hw, e["gpu_memory_utilization"], tp,
+                                                   mnbt, e["max_num_seqs"])
+            if avail <= 0:
+                raise ConfigError(f"{where}.num_gpu_blocks",
+                                  f"no memory left for the KV cache: {hw.memory_bytes / GiB:.1f} GiB × "
+                                  f"{e['gpu_memory_utilization']} minus weights "
+                                  f"{parts['weights_bytes'] / GiB:.1f} GiB and activations leaves "
+                                  f"{avail / GiB:.1f} GiB; raise tensor_parallel_size or "
+                                  "gpu_memory_utilization, or set num_gpu_blocks")
+        e["num_gpu_blocks"] = int(avail // block_bytes)
+    usable = e["num_gpu_blocks"] - 1
+    needed = -(-mml // e["block_size"])
+    if needed > usable:
+        raise ConfigError(f"{where}.max_model_len",
+                          f"one request of max_model_len {mml} needs {needed} blocks but the pool has "
+                          f"{usable} usable (num_gpu_blocks {e['num_gpu_blocks']} minus the null "
+                          "block); vLLM refuses to start: lower max_model_len or enlarge the pool")
+    e["num_gpu_blocks_derived"] = derived
+    return _build(EngineCfg, e)
+
+
+def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
+    w = _section(raw, "workload", file)
+    if w["kind"] == "trace":
+        if w["path"] is None:
+            raise ConfigError(f"{file}: workload.path", "missing (kind = 'trace' reads a file)")
+        p = Path(w["path"]).expanduser()
+        if not p.is_absolute() and base is not None:
+            p = base / p
+        if not p.is_file():
+            raise ConfigError(f"{file}: workload.path", f"no such file: {p}")
+        w["path"] = p
+    elif w["path"] is not None:
+        raise ConfigError(f"{file}: workload.path", "only used with kind = 'trace'")
+    return _build(WorkloadCfg, w)
+
+
+def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
+    """Validate a scenario table (as ``tomllib`` returns it). Raises ConfigError."""
+    file = path.name if path else "scenario"
+    for section in raw:
+        if section not in SCHEMA:
+            raise ConfigError(f"{file}: [{section}]", f"unknown section{_suggest(section, list(SCHEMA))}")
+    model = _build(ModelCfg, _section(raw, "model", file))
+    if model.head_dim * model.num_attention_heads <= 0:  # pragma: no cover - ranges forbid it
+        raise ConfigError(f"{file}: model.head_dim", "must be positive")
+    hardware = _build(HardwareCfg, _section(raw, "hardware", file))
+    engine = _engine(raw, file, model, hardware)
+    return Scenario(
+        path=path,
+        model=model,
+        hardware=hardware,
+        engine=engine,
+        speculative=_build(SpecCfg, _section(raw, "speculative", file)),
+        workload=_workload(raw, file, path.parent if path else None),
+        cost=_build(CostCfg, _section(raw, "cost", file)),
+        run=_build(RunCfg, _section(raw, "run", file)),
+    )
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file. Raises ConfigError (missing file, bad TOML, bad key)."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(str(p), "no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(str(p), "is a directory, not a scenario file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(p), f"not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(str(p), exc.strerror or str(exc)) from None
+    return parse_scenario(raw, p.resolve())
+
+
+# -- writing the resolved scenario ---------------------------------------------------------
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, Path):
+        v = str(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def resolved_toml(sc: Scenario) -> str:
+    """Every key with the value the run used (presets expanded, defaults filled in).
+
+    Loading this text again gives the same scenario (trace paths are absolute).
+    """
+    lines = ["# Resolved by kvsim: every key with the value this run used.", ""]
+    for section in SCHEMA:
+        cfg = getattr(sc, section)
+        lines.append(f"[{section}]")
+        for key in SCHEMA[section]:
+            if not hasattr(cfg, key.name):
+                continue
+            v = getattr(cfg, key.name)
+            if v is None:
+                continue
+            if section == "workload" and key.name in ("format", "path") and sc.workload.kind != "trace":
+                continue
+            lines.append(f"{key.name} = {_toml_value(v)}")
+        lines.append("")
+    return "\n".join(lines)

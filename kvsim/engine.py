@@ -1,0 +1,150 @@
+"""The only SimPy code: one engine loop on a simulated clock.
+
+Each iteration admits the requests that have arrived by the step's start (a request joins
+before the first step that starts at or after its arrival; equal arrival times join in
+workload order), plans a step with the scheduler, advances the clock by the cost model's step
+time, then applies the step's outcome. When nothing is left to run the loop sleeps until the
+next arrival instead of polling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+
+from kvsim.config import Scenario
+from kvsim.cost import COST_MODELS
+from kvsim.errors import InvariantError
+from kvsim.kv.manager import KVCacheManager
+from kvsim.kv.pool import BlockPool
+from kvsim.request import Request, RequestSpec
+from kvsim.sched import Scheduler, SchedulerParams
+
+
+@dataclass(slots=True)
+class StepRecord:
+    step: int
+    start_s: float
+    duration_s: float
+    num_scheduled_tokens: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_scheduled_reqs: int
+    num_preempted: int
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    kv_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    preempted_prefix_cache_queries: int
+    preempted_prefix_cache_hits: int
+
+
+@dataclass(slots=True)
+class Records:
+    """What a run produced: the requests (with their timings) and one record per step."""
+
+    requests: list[Request]
+    steps: list[StepRecord] = field(default_factory=list)
+    end_s: float = 0.0
+    stopped_by: str | None = None  # "max_steps" / "max_sim_time_s" when a limit cut the run
+    cost_label: str = ""
+
+
+def build_scheduler(sc: Scenario) -> Scheduler:
+    """A fresh scheduler with its own pool and manager for the scenario's engine."""
+    e = sc.engine
+    sem = e.semantics
+    pool = BlockPool(e.num_gpu_blocks, e.enable_prefix_caching, sem.free_unhashed_to_front)
+    kv = KVCacheManager(pool, e.block_size, e.max_model_len, e.enable_prefix_caching)
+    params = SchedulerParams(
+        max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
+        max_model_len=e.max_model_len, enable_chunked_prefill=e.enable_chunked_prefill,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        scheduling_policy=e.scheduling_policy,
+        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl)
+    return Scheduler(params, kv, sem)
+
+
+def run(sc: Scenario, specs: list[RequestSpec], check_invariants: bool = False,
+        progress: Callable[[int, float, int, int], None] | None = None) -> Records:
+    """Simulate ``specs`` (sorted by arrival) on the scenario's engine; returns the records."""
+    e = sc.engine
+    cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
+                                      e.kv_cache_dtype)
+    sched = build_scheduler(sc)
+    rec = Records(requests=[Request(s, i) for i, s in enumerate(specs)], cost_label=cost.label)
+    env = simpy.Environment()
+    env.process(_engine_loop(env, sc, sched, cost, rec, check_invariants, progress))
+    env.run()
+    return rec
+
+
+def _engine_loop(env, sc, sched, cost, rec, check_invariants, progress):
+    reqs, limits = rec.requests, sc.run
+    nxt = step = num_finished = 0
+    while True:
+        now = env.now
+        if limits.max_sim_time_s is not None and now >= limits.max_sim_time_s:
+            rec.stopped_by = "max_sim_time_s"
+            break
+        if limits.max_steps is not None and step >= limits.max_steps:
+            rec.stopped_by = "max_steps"
+            break
+        while nxt < len(reqs) and reqs[nxt].arrival_s <= now:
+            reqs[nxt].join_step = step
+            sched.add_request(reqs[nxt])
+            nxt += 1
+        plan = sched.schedule()
+        if not plan.scheduled:
+            if plan.preempted:
+                continue  # everything was preempted: plan again at the same instant
+            if sched.num_unfinished:
+                raise InvariantError(f"step {step}: {sched.num_unfinished} unfinished requests "
+                                     "but nothing can be scheduled")
+            if nxt == len(reqs):
+                break
+            yield env.timeout(reqs[nxt].arrival_s - now)  # idle until the next arrival
+            continue
+        chunks = [(n, c) for _, n, c in plan.scheduled]
+        num_sampled = sum(1 for r, _, _ in plan.scheduled if not r.is_prefill_chunk)
+        duration = cost.step_time_s(chunks, num_sampled)
+        for r, _, _ in plan.scheduled:
+            if r.first_scheduled_step is None:
+                r.first_scheduled_step = step
+        yield env.timeout(duration)
+        end = env.now
+        first, finished = sched.update_from_output(plan)
+        for r in first:
+            r.first_token_step, r.first_token_s = step, end
+        for r in finished:
+            r.finish_step, r.finish_s = step, end
+        num_finished += len(finished)
+        rec.steps.append(_step_record(step, now, duration, plan, sched))
+        if check_invariants:
+            sched.kv.check_invariants()
+        step += 1
+        if progress is not None:
+            progress(step, end, num_finished, len(reqs))
+    rec.end_s = env.now
+
+
+def _step_record(step, start, duration, plan, sched) -> StepRecord:
+    # Decode tokens: those scheduled past the prompt (a re-prefill after preemption counts
+    # as prefill, like vLLM's own prompt/generation split).
+    decode = sum(n for r, n, c in plan.scheduled if c >= r.num_prompt_tokens)
+    total = plan.num_scheduled_tokens
+    pc = plan.prefix_cache
+    pool = sched.kv.pool
+    return StepRecord(
+        step=step, start_s=start, duration_s=duration, num_scheduled_tokens=total,
+        num_prefill_tokens=total - decode, num_decode_tokens=decode,
+        num_scheduled_reqs=len(plan.scheduled), num_preempted=len(plan.preempted),
+        num_running=len(sched.running), num_waiting=len(sched.waiting),
+        num_free_blocks=pool.num_free_blocks, kv_usage=pool.usage(),
+        prefix_cache_queries=pc.queries, prefix_cache_hits=pc.hits,
+        preempted_prefix_cache_queries=pc.preempted_queries,
+        preempted_prefix_cache_hits=pc.preempted_hits)

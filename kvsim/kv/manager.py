@@ -1,0 +1,127 @@
+"""The KV-cache manager for one full-attention group (``vllm/v1/core/kv_cache_manager.py``).
+
+    | < computed > | < new hit > | < new tokens > | < lookahead > |
+                   |            < to be allocated >               |
+                   | < cached at schedule time, up to num_tokens > |
+
+``get_computed_blocks`` finds the longest cached prefix (capped at ``num_tokens - 1`` so the
+last token is recomputed for its logits); ``allocate_slots`` gates admission on the whole
+prompt fitting, touches the hit blocks, pops new blocks from the free queue and publishes the
+hashes of blocks that this step fills (before the forward pass, so a request examined later
+in the same step already hits them); ``free`` releases a request's table tail first.
+"""
+
+from __future__ import annotations
+
+from kvsim.kv.hashing import BlockHasher
+from kvsim.kv.pool import Block, BlockPool
+from kvsim.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, block_size: int, max_model_len: int,
+                 enable_caching: bool):
+        self.pool = pool
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.hasher = BlockHasher(block_size)
+        self.req_to_blocks: dict[str, list[Block]] = {}
+        # Blocks of a request already published in the hash map (vLLM's num_cached_block);
+        # present only once the request has been through cache_blocks or a hit.
+        self.num_cached_block: dict[str, int] = {}
+
+    def get_computed_blocks(self, req: Request) -> tuple[list[Block], int]:
+        """Longest prefix hit for a waiting request: (blocks, hit length in tokens). Pure."""
+        if not self.enable_caching:
+            return [], 0
+        b = self.block_size
+        max_blocks = (req.num_tokens - 1) // b
+        hashes = self.hasher.block_hashes(req, max_blocks)
+        hit: list[Block] = []
+        get = self.pool.get_cached_block
+        for i in range(min(max_blocks, len(hashes))):
+            blk = get(hashes[i])
+            if blk is None:
+                break
+            hit.append(blk)
+        return hit, len(hit) * b
+
+    def num_blocks_to_allocate(self, req_id: str, num_tokens: int,
+                               new_computed_blocks: list[Block]) -> int:
+        """Blocks that giving ``req_id`` ``num_tokens`` slots would take from the free queue. Pure."""
+        required = cdiv(num_tokens, self.block_size)
+        held = len(self.req_to_blocks.get(req_id, ()))
+        if req_id in self.num_cached_block:
+            # Held may exceed required after rejected drafts.
+            return max(required - held, 0)
+        num_new = max(required - (len(new_computed_blocks) + held), 0)
+        # Touching an unreferenced hit block takes it out of the free queue too.
+        return num_new + sum(1 for blk in new_computed_blocks if blk.ref_cnt == 0)
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: list[Block] | None = None,
+                       num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> list[Block] | None:
+        """Give ``req`` slots for ``num_new_tokens`` (+ lookahead); None if the pool can't.
+
+        Mutates the pool and the request's block table only on success. With
+        ``full_sequence_must_fit`` (vLLM's ``scheduler_reserve_full_isl``), a request is
+        admitted only if blocks for its whole ``num_tokens`` fit, not just this chunk.
+        """
+        hit = new_computed_blocks or []
+        free = self.pool.num_free_blocks
+        total_computed = min(req.num_computed_tokens + num_new_computed_tokens,
+                             self.max_model_len)
+        if full_sequence_must_fit:
+            full = min(req.num_tokens, self.max_model_len)
+            if self.num_blocks_to_allocate(req.req_id, full, hit) > free:
+                return None
+        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens,
+                                   self.max_model_len)
+        if self.num_blocks_to_allocate(req.req_id, num_tokens_need_slot, hit) > free:
+            return None
+        table = self.req_to_blocks.setdefault(req.req_id, [])
+        if hit:
+            self.pool.touch(hit)
+            table.extend(hit)
+            self.num_cached_block[req.req_id] = len(table)
+        num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(table)
+        new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        table.extend(new_blocks)
+        if self.enable_caching:
+            # Drafts are never cached: the count stops at num_tokens.
+            self.cache_blocks(req, min(total_computed + num_new_tokens, req.num_tokens))
+        return new_blocks
+
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        """Publish the hashes of the request's full blocks up to ``num_tokens``."""
+        num_cached = self.num_cached_block.get(req.req_id, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        hashes = self.hasher.block_hashes(req, num_full)
+        self.pool.cache_full_blocks(self.req_to_blocks[req.req_id], hashes, num_cached, num_full)
+        self.num_cached_block[req.req_id] = num_full
+
+    def free(self, req: Request) -> None:
+        """Release the request's blocks, tail first, so its tail is evicted before its head."""
+        table = self.req_to_blocks.pop(req.req_id, [])
+        self.num_cached_block.pop(req.req_id, None)
+        self.pool.free_blocks(reversed(table))
+
+    def block_ids(self, req_id: str) -> list[int]:
+        return [blk.block_id for blk in self.req_to_blocks.get(req_id, ())]
+
+    def check_invariants(self) -> None:
+        """The pool's invariants, with ref counts checked against the block tables."""
+        refs: dict[int, int] = {}
+        for table in self.req_to_blocks.values():
+            for blk in table:
+                if blk is not self.pool.null_block:
+                    refs[blk.block_id] = refs.get(blk.block_id, 0) + 1
+        self.pool.check_invariants(refs)

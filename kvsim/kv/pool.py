@@ -1,0 +1,185 @@
+"""The block pool: ref-counted blocks, the free queue, the prefix-cache hash map.
+
+Mirrors ``vllm/v1/core/block_pool.py``:
+
+    free queue  head -> [evicted first ... evicted last] <- tail
+    block 0     the null block: never free, never allocated, never hashed
+
+* ``get_new_blocks`` pops from the head; a popped block that still carries a hash leaves
+  the hash map there and then (the only eviction point: eviction is lazy).
+* ``free_blocks`` takes blocks in eviction order (the manager passes a request's table
+  reversed, so its tail is evicted before its head). A block reaching ``ref_cnt == 0`` keeps
+  its hash and stays hittable; where the release says so (``Semantics.free_unhashed_to_front``)
+  unhashed blocks are put at the head for immediate reuse, hashed ones at the tail (LRU).
+* ``touch`` (a prefix hit) takes a free block out of the queue without reordering the rest.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from kvsim.errors import InvariantError
+
+
+class Block:
+    __slots__ = ("block_id", "ref_cnt", "block_hash")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+class BlockPool:
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, free_unhashed_to_front: bool):
+        if num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.free_unhashed_to_front = free_unhashed_to_front
+        self.blocks = [Block(i) for i in range(num_gpu_blocks)]
+        self.null_block = self.blocks[0]
+        # Insertion order is queue order; OrderedDict gives O(1) pop-left, append, prepend
+        # (move_to_end(last=False)) and removal from the middle.
+        self.free_queue: OrderedDict[int, Block] = OrderedDict(
+            (blk.block_id, blk) for blk in self.blocks[1:])
+        # hash -> the block, or {block_id: block} in insertion order when the same content
+        # was computed twice (vLLM does not de-duplicate; a lookup returns the oldest).
+        self.cached: dict[int, Block | dict[int, Block]] = {}
+
+    # -- queries -------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def usage(self) -> float:
+        """vLLM's KV usage: ``1 - free / (num_gpu_blocks - 1)``; cached free blocks count as free."""
+        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+
+    def get_cached_block(self, block_hash: int) -> Block | None:
+        entry = self.cached.get(block_hash)
+        if entry is None or isinstance(entry, Block):
+            return entry
+        return next(iter(entry.values()))
+
+    # -- mutations -----------------------------------------------------------------------
+
+    def get_new_blocks(self, num_blocks: int) -> list[Block]:
+        """Pop ``num_blocks`` from the head, evicting any hash they carry; ref_cnt becomes 1."""
+        if num_blocks > len(self.free_queue):
+            raise InvariantError(f"cannot get {num_blocks} blocks, {len(self.free_queue)} free")
+        queue = self.free_queue
+        out = []
+        for _ in range(num_blocks):
+            _, blk = queue.popitem(last=False)
+            if blk.block_hash is not None:
+                self._evict(blk)
+            blk.ref_cnt = 1
+            out.append(blk)
+        return out
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        """A prefix hit: take each block out of the free queue if unreferenced, ref_cnt += 1."""
+        queue = self.free_queue
+        for blk in blocks:
+            if blk.ref_cnt == 0:
+                del queue[blk.block_id]
+            blk.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[Block]) -> None:
+        """ref_cnt -= 1 for each block, given in eviction order; released blocks rejoin the queue."""
+        to_front: list[Block] = []
+        to_tail: list[Block] = []
+        for blk in ordered_blocks:
+            if blk is self.null_block:
+                continue
+            blk.ref_cnt -= 1
+            if blk.ref_cnt == 0:
+                if self.free_unhashed_to_front and (blk.block_hash is None
+                                                    or not self.enable_caching):
+                    to_front.append(blk)
+                else:
+                    to_tail.append(blk)
+        queue = self.free_queue
+        for blk in reversed(to_front):
+            queue[blk.block_id] = blk
+            queue.move_to_end(blk.block_id, last=False)
+        for blk in to_tail:
+            queue[blk.block_id] = blk
+
+    def cache_full_blocks(self, blocks: list[Block], block_hashes: list[int],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
+        """Publish ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
+        cached = self.cached
+        for i in range(num_cached_blocks, num_full_blocks):
+            blk = blocks[i]
+            if blk is self.null_block:
+                continue
+            h = block_hashes[i]
+            blk.block_hash = h
+            entry = cached.get(h)
+            if entry is None:
+                cached[h] = blk
+            elif isinstance(entry, Block):
+                cached[h] = {entry.block_id: entry, blk.block_id: blk}
+            else:
+                entry[blk.block_id] = blk
+
+    def _evict(self, blk: Block) -> None:
+        h = blk.block_hash
+        entry = self.cached.get(h)
+        if isinstance(entry, Block):
+            if entry is blk:
+                del self.cached[h]
+        elif entry is not None:
+            entry.pop(blk.block_id, None)
+            if len(entry) == 1:
+                self.cached[h] = next(iter(entry.values()))
+            elif not entry:
+                del self.cached[h]
+        blk.block_hash = None
+
+    # -- checks --------------------------------------------------------------------------
+
+    def check_invariants(self, expected_ref_cnt: dict[int, int] | None = None) -> None:
+        """Raise InvariantError unless the pool is consistent.
+
+        Every non-null block is free xor referenced; ref counts are >= 0 (and equal
+        ``expected_ref_cnt`` when given: how many block tables hold each block); the hash map
+        and the blocks' hashes agree; free + used + null = total.
+        """
+        queue = self.free_queue
+        if self.null_block.block_id in queue or self.null_block.block_hash is not None:
+            raise InvariantError("null block is free or hashed")
+        used = 0
+        for blk in self.blocks[1:]:
+            if blk.ref_cnt < 0:
+                raise InvariantError(f"{blk} has a negative ref count")
+            in_queue = blk.block_id in queue
+            if in_queue == (blk.ref_cnt > 0):
+                raise InvariantError(f"{blk} free={in_queue} but ref_cnt={blk.ref_cnt}")
+            used += blk.ref_cnt > 0
+            if expected_ref_cnt is not None and blk.ref_cnt != expected_ref_cnt.get(blk.block_id, 0):
+                raise InvariantError(f"{blk} is held by {expected_ref_cnt.get(blk.block_id, 0)} "
+                                     "block tables")
+            if blk.block_hash is not None:
+                entry = self.cached.get(blk.block_hash)
+                members = (entry,) if isinstance(entry, Block) else (entry or {}).values()
+                if not any(m is blk for m in members):
+                    raise InvariantError(f"{blk} is hashed but not in the hash map")
+        for h, entry in self.cached.items():
+            members = (entry,) if isinstance(entry, Block) else tuple(entry.values())
+            if not members or (not isinstance(entry, Block) and len(members) < 2):
+                raise InvariantError(f"hash {h} has a malformed entry {entry!r}")
+            for m in members:
+                if m.block_hash != h:
+                    raise InvariantError(f"hash map has {m} under {h}")
+        if len(queue) + used + 1 != self.num_gpu_blocks:
+            raise InvariantError(f"free {len(queue)} + used {used} + null != {self.num_gpu_blocks}")
+        if not self.enable_caching and self.cached:
+            raise InvariantError("hashes published with prefix caching off")

@@ -1,0 +1,137 @@
+"""A simulated request: vLLM's token model (``num_computed_tokens`` chasing ``num_tokens``).
+
+There is no prefill or decode phase: each step the scheduler closes part of the gap between
+``num_computed_tokens`` and ``num_tokens`` (prompt + accepted outputs). Prompts are held as
+token-id sequences (explicit ids or ``[first_id, length]`` segments); generated tokens are
+not modelled by content, so every output token of a request carries that request's own
+``output_token_id``, which no other request shares (outputs of two requests never hit each
+other's cache, as with sampled, non-identical completions).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class ExplicitTokens:
+    """A prompt given as a tuple of token ids."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: tuple[int, ...]):
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def window(self, start: int, end: int) -> tuple[int, ...]:
+        return self.ids[start:end]
+
+
+class SegmentTokens:
+    """A prompt given as ``[first_token_id, length]`` runs: run ``(f, n)`` is ids ``f .. f+n-1``.
+
+    Stored compactly; ``window`` materialises only the ids a block needs, so a 100k-token
+    prompt costs a few integers until its blocks are hashed.
+    """
+
+    __slots__ = ("firsts", "offsets", "n")
+
+    def __init__(self, segments: list[tuple[int, int]]):
+        self.firsts = [first for first, _ in segments]
+        self.offsets = []
+        pos = 0
+        for _, length in segments:
+            self.offsets.append(pos)
+            pos += length
+        self.n = pos
+
+    def __len__(self) -> int:
+        return self.n
+
+    def window(self, start: int, end: int) -> tuple[int, ...]:
+        out: list[int] = []
+        i = bisect_right(self.offsets, start) - 1
+        pos = start
+        while pos < end:
+            seg_end = self.offsets[i + 1] if i + 1 < len(self.offsets) else self.n
+            stop = min(end, seg_end)
+            base = self.firsts[i] - self.offsets[i]
+            out.extend(range(base + pos, base + stop))
+            pos = stop
+            i += 1
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """An immutable workload record: what arrives, when, and how much it generates."""
+
+    req_id: str
+    arrival_s: float
+    prompt: ExplicitTokens | SegmentTokens
+    max_tokens: int
+    priority: int = 0
+
+
+class Request:
+    """Mutable per-request state inside the scheduler (mirrors ``vllm.v1.request.Request``)."""
+
+    __slots__ = (
+        "spec", "req_id", "seq", "arrival_s", "priority", "prompt", "num_prompt_tokens",
+        "max_tokens", "output_token_id", "num_output_tokens", "num_computed_tokens", "status",
+        "is_prefill_chunk", "num_preemptions", "block_hashes", "cached_tokens",
+        "join_step", "first_scheduled_step", "first_token_step", "finish_step",
+        "first_token_s", "finish_s",
+    )
+
+    def __init__(self, spec: RequestSpec, seq: int):
+        self.spec = spec
+        self.req_id = spec.req_id
+        self.seq = seq
+        self.arrival_s = spec.arrival_s
+        self.priority = spec.priority
+        self.prompt = spec.prompt
+        self.num_prompt_tokens = len(spec.prompt)
+        self.max_tokens = spec.max_tokens
+        # Negative, so it can never equal a prompt token id (those are >= 0).
+        self.output_token_id = -(seq + 1)
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.status = Status.WAITING
+        self.is_prefill_chunk = True
+        self.num_preemptions = 0
+        self.block_hashes: list[int] = []
+        self.cached_tokens: int | None = None
+        self.join_step: int | None = None
+        self.first_scheduled_step: int | None = None
+        self.first_token_step: int | None = None
+        self.finish_step: int | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus accepted output tokens (vLLM's ``request.num_tokens``)."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    def token_window(self, start: int, end: int) -> tuple[int, ...]:
+        """Token ids ``[start, end)`` of prompt + outputs."""
+        p = self.num_prompt_tokens
+        if end <= p:
+            return self.prompt.window(start, end)
+        head = self.prompt.window(start, p) if start < p else ()
+        return head + (self.output_token_id,) * (end - max(start, p))
+
+    def __repr__(self) -> str:
+        return (f"Request({self.req_id!r}, computed={self.num_computed_tokens}, "
+                f"tokens={self.num_tokens}, {self.status.value})")

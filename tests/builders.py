@@ -1,0 +1,57 @@
+"""Small builders for driving the accounting core without SimPy."""
+
+from __future__ import annotations
+
+from kvsim.kv.manager import KVCacheManager
+from kvsim.kv.pool import BlockPool
+from kvsim.request import ExplicitTokens, Request, RequestSpec
+from kvsim.sched import Scheduler, SchedulerParams
+from kvsim.semantics import VERSIONS
+
+_seq = iter(range(10**9))
+
+
+def make_request(req_id: str, tokens, max_tokens: int = 1, priority: int = 0,
+                 arrival_s: float = 0.0) -> Request:
+    spec = RequestSpec(req_id=req_id, arrival_s=arrival_s, prompt=ExplicitTokens(tuple(tokens)),
+                       max_tokens=max_tokens, priority=priority)
+    return Request(spec, next(_seq))
+
+
+def make_manager(num_gpu_blocks: int, block_size: int, max_model_len: int = 1 << 20,
+                 enable_caching: bool = True, version: str = "0.33.0") -> KVCacheManager:
+    sem = VERSIONS[version]
+    pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
+    return KVCacheManager(pool, block_size, max_model_len, enable_caching)
+
+
+def make_scheduler(num_gpu_blocks: int = 1000, block_size: int = 16, max_num_batched_tokens: int = 8192,
+                   max_num_seqs: int = 256, max_model_len: int = 1 << 16, enable_caching: bool = True,
+                   version: str = "0.33.0", **params) -> Scheduler:
+    kv = make_manager(num_gpu_blocks, block_size, max_model_len, enable_caching, version)
+    p = SchedulerParams(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                        max_model_len=max_model_len, **params)
+    return Scheduler(p, kv, VERSIONS[version])
+
+
+def step(sched: Scheduler) -> dict:
+    """One synchronous step with invariants checked; returns what happened."""
+    plan = sched.schedule()
+    sched.kv.check_invariants()
+    first, finished = sched.update_from_output(plan)
+    sched.kv.check_invariants()
+    return {
+        "scheduled": {r.req_id: n for r, n, _ in plan.scheduled},
+        "preempted": [r.req_id for r in plan.preempted],
+        "finished": [r.req_id for r in finished],
+        "queries": plan.prefix_cache.queries,
+        "hits": plan.prefix_cache.hits,
+    }
+
+
+def run_until_done(sched: Scheduler, max_steps: int = 10_000) -> list[dict]:
+    out = []
+    while sched.num_unfinished:
+        out.append(step(sched))
+        assert len(out) < max_steps
+    return out
