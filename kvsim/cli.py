@@ -60,9 +60,8 @@ def _default_out(scenario: Path) -> Path:
 
 def _write_results(out: Path, files: dict[str, str]) -> None:
     """Write into a temporary sibling folder, then rename: a folder named ``out`` is complete."""
-    if out.exists():
-        if not out.is_dir() or not (out / "summary.json").exists():
-            raise ConfigError(str(out), "exists and is not a kvsim result folder; choose another --out")
+    if out.exists() and (not out.is_dir() or not (out / "summary.json").exists()):
+        raise ConfigError(str(out), "exists and is not a kvsim result folder; choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:

@@ -42,12 +42,14 @@ class Key:
     low: float | None = None
     low_open: bool = False
     high: float | None = None
+    derived: bool = False  # a None default is computed from other keys (see doc)
 
 
 REQUIRED = object()
 
 MODEL_KEYS = (
-    Key("preset", "str", None, "Name of a shipped model preset (`kvsim presets`); any key below overrides it."),
+    Key("preset", "str", None,
+        "Name of a shipped model preset (`kvsim presets`); any key below overrides it."),
     Key("name", "str", "custom", "Label used in outputs."),
     Key("num_hidden_layers", "int", REQUIRED, "Decoder layers (HF `num_hidden_layers`).", low=1),
     Key("hidden_size", "int", REQUIRED, "Model width.", low=1),
@@ -65,8 +67,10 @@ HARDWARE_KEYS = (
     Key("preset", "str", None, "Name of a shipped hardware preset; any key below overrides it."),
     Key("name", "str", "custom", "Label used in outputs."),
     Key("device_name", "str", "", "Device name as torch reports it (information only)."),
-    Key("peak_flops_per_s", "float", REQUIRED, "Dense BF16/FP16 tensor-core peak, FLOP/s.", low=0, low_open=True),
-    Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.", low=0, low_open=True),
+    Key("peak_flops_per_s", "float", REQUIRED, "Dense BF16/FP16 tensor-core peak, FLOP/s.",
+        low=0, low_open=True),
+    Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.",
+        low=0, low_open=True),
     Key("memory_bytes", "int", REQUIRED, "Device memory, bytes.", low=1),
 )
 
@@ -76,10 +80,10 @@ ENGINE_KEYS = (
     Key("block_size", "int", 16, "Tokens per KV block (`--block-size`).", low=1),
     Key("num_gpu_blocks", "int", None,
         "The whole block pool, vLLM's reserved null block included (as `--num-gpu-blocks-override` "
-        "means it). Left out: derived from memory like vLLM (see below).", low=2),
+        "means it). Left out: derived from memory like vLLM (see below).", low=2, derived=True),
     Key("gpu_memory_utilization", "float", None,
         "Fraction of device memory vLLM may use (default per version: 0.92 for 0.33).",
-        low=0, low_open=True, high=1),
+        low=0, low_open=True, high=1, derived=True),
     Key("kv_cache_memory_bytes", "int", None, "KV cache size in bytes (`--kv-cache-memory-bytes`); "
         "overrides the memory-based estimate.", low=1),
     Key("kv_cache_dtype", "str", "auto", "KV cache dtype (`auto` = model dtype).",
@@ -88,11 +92,12 @@ ENGINE_KEYS = (
         "across them (no communication cost is modelled).", low=1),
     Key("enable_prefix_caching", "bool", True, "Automatic prefix caching."),
     Key("max_num_batched_tokens", "int", None, "Token budget per step. Default as `vllm serve`: "
-        "8192 on a device with >= 70 GiB that is not an A100 (16384 at >= 160 GiB), else 2048.", low=1),
+        "8192 on a device with >= 70 GiB that is not an A100 (16384 at >= 160 GiB), else 2048.",
+        low=1, derived=True),
     Key("max_num_seqs", "int", None, "Running-request cap. Default as `vllm serve`: 1024 at >= 70 GiB "
-        "(not A100), else 256.", low=1),
+        "(not A100), else 256.", low=1, derived=True),
     Key("max_model_len", "int", None, "Longest sequence (prompt + output); default the model's "
-        "`max_position_embeddings`, and may exceed it.", low=2),
+        "`max_position_embeddings`, and may exceed it.", low=2, derived=True),
     Key("enable_chunked_prefill", "bool", True, "Split prompts across steps."),
     Key("long_prefill_token_threshold", "int", 0, "Per-step chunk cap for a request (0 = off).", low=0),
     Key("scheduling_policy", "str", "fcfs", "`fcfs` or `priority` (lower value first).",
@@ -509,3 +514,21 @@ def resolved_toml(sc: Scenario) -> str:
             lines.append(f"{key.name} = {_toml_value(v)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def schema_markdown() -> str:
+    """The key tables of docs/scenario.md, generated from ``SCHEMA`` (a test keeps them in sync)."""
+    out = []
+    for section, keys in SCHEMA.items():
+        out += [f"### [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for k in keys:
+            if k.default is REQUIRED:
+                default = "required"
+            elif k.default is None:
+                default = "derived" if k.derived else "none"
+            else:
+                default = f"`{_toml_value(k.default)}`"
+            kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
+            out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
+        out.append("")
+    return "\n".join(out)

@@ -155,9 +155,10 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     if t["requests_per_s"] is not None:
         lines.append(f"throughput    {t['requests_per_s']:.2f} req/s, "
                      f"{t['output_tokens_per_s']:.1f} output tok/s")
+    derived = " (derived from memory; set engine.num_gpu_blocks to pin it)"
     lines.append(f"KV usage      mean {100 * s['kv_usage']['mean']:.1f} %, max "
                  f"{100 * s['kv_usage']['max']:.1f} % of {s['num_gpu_blocks'] - 1} usable blocks"
-                 f"{' (derived from memory; set engine.num_gpu_blocks to pin it)' if s['num_gpu_blocks_derived'] else ''}")
+                 f"{derived if s['num_gpu_blocks_derived'] else ''}")
     if out_dir:
         lines.append(f"results in    {out_dir}")
     return "\n".join(lines)

@@ -254,6 +254,6 @@ class Scheduler:
                 self.kv.free(req)
                 finished.append(req)
         if finished:
-            done = set(id(r) for r in finished)
+            done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
         return first, finished

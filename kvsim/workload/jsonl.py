@@ -72,23 +72,24 @@ def read_kvsim_jsonl(path: Path) -> list[RequestSpec]:
     specs: list[RequestSpec] = []
     seen: dict[str, int] = {}
     try:
-        f = open(path, encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(where, f"not valid JSON: {exc.msg}") from None
+                spec = _parse_line(obj, where, len(specs))
+                if spec.req_id in seen:
+                    raise ConfigError(where, f"req_id {spec.req_id!r} repeats line {seen[spec.req_id]}")
+                seen[spec.req_id] = lineno
+                specs.append(spec)
     except OSError as exc:
         raise ConfigError(str(path), exc.strerror or str(exc)) from None
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(where, f"not valid JSON: {exc.msg}") from None
-            spec = _parse_line(obj, where, len(specs))
-            if spec.req_id in seen:
-                raise ConfigError(where, f"req_id {spec.req_id!r} repeats line {seen[spec.req_id]}")
-            seen[spec.req_id] = lineno
-            specs.append(spec)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"not UTF-8 text: {exc.reason}") from None
     if not specs:
         raise ConfigError(str(path), "the trace holds no requests")
     return specs

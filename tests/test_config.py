@@ -1,0 +1,117 @@
+"""Scenario loading: defaults, presets, derived values and one-line errors."""
+
+from pathlib import Path
+
+import pytest
+
+from kvsim.config import SCHEMA, load_scenario, parse_scenario, resolved_toml, schema_markdown
+from kvsim.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {"model": {"preset": "llama-3.1-8b"}, "hardware": {"preset": "h100-sxm"}}
+
+
+def scenario(**sections):
+    raw = {k: dict(v) for k, v in BASE.items()}
+    for k, v in sections.items():
+        raw.setdefault(k, {}).update(v)
+    return parse_scenario(raw)
+
+
+def error(**sections) -> ConfigError:
+    with pytest.raises(ConfigError) as exc:
+        scenario(**sections)
+    return exc.value
+
+
+def test_defaults_are_vllm_033_serve_defaults():
+    e = scenario().engine
+    assert (e.vllm_version, e.block_size, e.enable_prefix_caching, e.enable_chunked_prefill) == (
+        "0.33.0", 16, True, True)
+    assert (e.scheduling_policy, e.scheduler_reserve_full_isl, e.gpu_memory_utilization) == (
+        "fcfs", True, 0.92)
+    # H100 (79 GiB, not an A100): `vllm serve` defaults.
+    assert (e.max_num_batched_tokens, e.max_num_seqs) == (8192, 1024)
+    assert e.max_model_len == 131072  # the model's context length
+    a100 = scenario(hardware={"preset": "a100-80gb"}).engine
+    assert (a100.max_num_batched_tokens, a100.max_num_seqs) == (2048, 256)
+
+
+def test_num_gpu_blocks_override_and_kv_cache_memory_bytes():
+    assert scenario(engine={"num_gpu_blocks": 9000}).engine.num_gpu_blocks == 9000
+    # Llama-3.1-8B bf16: 2 (K,V) x 32 layers x 8 heads x 128 x 2 bytes = 131072 B/token,
+    # x 16 tokens = 2 MiB per block -> 1 GiB holds 512 blocks.
+    e = scenario(engine={"kv_cache_memory_bytes": 1 << 30, "max_model_len": 4096}).engine
+    assert (e.num_gpu_blocks, e.num_gpu_blocks_derived) == (512, True)
+    fp8 = scenario(engine={"kv_cache_memory_bytes": 1 << 30, "max_model_len": 4096,
+                           "kv_cache_dtype": "fp8"}).engine
+    assert fp8.num_gpu_blocks == 1024
+
+
+def test_model_context_length_does_not_cap_max_model_len():
+    assert scenario(engine={"max_model_len": 262144}).engine.max_model_len == 262144
+
+
+def test_preset_keys_can_be_overridden():
+    sc = scenario(model={"num_hidden_layers": 16})
+    assert sc.model.num_hidden_layers == 16 and sc.model.hidden_size == 4096
+
+
+@pytest.mark.parametrize("sections, where, what", [
+    ({"engine": {"blok_size": 16}}, "engine.blok_size", "did you mean 'block_size'"),
+    ({"engine": {"block_size": -16}}, "engine.block_size", "at least 1, got -16"),
+    ({"engine": {"block_size": "16"}}, "engine.block_size", "must be an integer"),
+    ({"engine": {"enable_prefix_caching": 1}}, "engine.enable_prefix_caching", "true or false"),
+    ({"engine": {"scheduling_policy": "lifo"}}, "engine.scheduling_policy", "must be one of"),
+    ({"engine": {"vllm_version": "0.99.0"}}, "engine.vllm_version", "must be one of"),
+    ({"engine": {"num_gpu_blocks": 100}}, "engine.max_model_len", "needs 8192 blocks"),
+    ({"engine": {"max_num_batched_tokens": 16, "max_num_seqs": 32}}, "engine.max_num_batched_tokens",
+     "at least max_num_seqs"),
+    ({"engine": {"async_scheduling": True}}, "engine.async_scheduling", "not modelled"),
+    ({"model": {"preset": "llama-3.1-9b"}}, "model.preset", "did you mean 'llama-3.1-8b'"),
+    ({"workload": {"kind": "trace"}}, "workload.path", "missing"),
+    ({"workload": {"kind": "trace", "path": "/nonexistent.jsonl"}}, "workload.path", "no such file"),
+    ({"workload": {"request_rate": 0}}, "workload.request_rate", "greater than 0"),
+    ({"cost": {"compute_efficiency": 1.5}}, "cost.compute_efficiency", "at most 1"),
+    ({"runn": {"seed": 1}}, "[runn]", "did you mean 'run'"),
+])
+def test_bad_input_names_the_key(sections, where, what):
+    exc = error(**sections)
+    assert exc.where.endswith(where)
+    assert what in exc.what
+
+
+def test_missing_model_key_without_preset():
+    with pytest.raises(ConfigError) as exc:
+        parse_scenario({"model": {"hidden_size": 10}, "hardware": {"preset": "h100-sxm"}})
+    assert "model.num_hidden_layers" in exc.value.where
+
+
+def test_relative_trace_path_resolves_against_the_scenario_folder(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "t.jsonl").write_text('{"arrival_s": 0, "max_tokens": 1, "prompt_token_ids": [1]}\n')
+    (tmp_path / "s.toml").write_text('[model]\npreset = "llama-3.1-8b"\n[hardware]\npreset = "h100-sxm"\n'
+                                     '[workload]\nkind = "trace"\npath = "sub/t.jsonl"\n')
+    assert load_scenario(tmp_path / "s.toml").workload.path == tmp_path / "sub" / "t.jsonl"
+
+
+def test_resolved_toml_round_trips(tmp_path):
+    sc = load_scenario(ROOT / "scenarios" / "quickstart.toml")
+    (tmp_path / "r.toml").write_text(resolved_toml(sc))
+    again = load_scenario(tmp_path / "r.toml")
+    assert (again.model, again.hardware, again.workload, again.cost, again.run) == (
+        sc.model, sc.hardware, sc.workload, sc.cost, sc.run)
+    assert again.engine.num_gpu_blocks == sc.engine.num_gpu_blocks
+
+
+def test_every_scenario_file_loads():
+    files = sorted((ROOT / "scenarios").glob("*.toml"))
+    assert files
+    for f in files:
+        load_scenario(f)
+
+
+def test_docs_list_every_key():
+    doc = (ROOT / "docs" / "scenario.md").read_text()
+    assert schema_markdown() in doc, "regenerate the key tables in docs/scenario.md"
+    assert all(f"`{k.name}`" in doc for keys in SCHEMA.values() for k in keys)

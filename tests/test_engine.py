@@ -1,0 +1,66 @@
+"""The SimPy engine: when requests join, timings, limits, invariants on every step."""
+
+import json
+
+import pytest
+
+from kvsim import engine
+from kvsim.config import parse_scenario
+from kvsim.cost import RooflineCost
+from kvsim.workload import build_requests
+
+
+def scenario(tmp_path, rows, **engine_keys):
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+           "engine": {"num_gpu_blocks": 300, "max_model_len": 1024, "max_num_batched_tokens": 512,
+                      "max_num_seqs": 8, **engine_keys},
+           "workload": {"kind": "trace", "path": str(p)}}
+    return parse_scenario(raw)
+
+
+def cost_of(sc):
+    return RooflineCost(sc.model, sc.hardware, sc.cost, 1)
+
+
+def test_a_request_joins_the_first_step_starting_at_or_after_its_arrival(tmp_path):
+    probe = scenario(tmp_path, [{"arrival_s": 0, "max_tokens": 1, "prompt_token_ids": [1]}])
+    c = cost_of(probe)
+    d0 = c.step_time_s([(32, 0)], 1)  # step 0: A's whole prompt, which samples
+    d1 = c.step_time_s([(1, 32), (8, 0)], 2)  # step 1: A decodes, B prefills
+    rows = [
+        {"arrival_s": 0.0, "max_tokens": 4, "prompt_token_ids": list(range(32)), "req_id": "A"},
+        {"arrival_s": d0, "max_tokens": 4, "prompt_token_ids": list(range(100, 108)), "req_id": "B"},
+        {"arrival_s": d0 + 1e-9, "max_tokens": 4, "prompt_token_ids": list(range(200, 208)),
+         "req_id": "C"},
+    ]
+    sc = scenario(tmp_path, rows)
+    rec = engine.run(sc, build_requests(sc), check_invariants=True)
+    a, b, c_ = rec.requests
+    assert (a.join_step, b.join_step, c_.join_step) == (0, 1, 2)
+    assert rec.steps[1].start_s == d0 and rec.steps[1].duration_s == d1
+    assert b.first_token_s - b.arrival_s == pytest.approx(d1, rel=1e-12)  # TTFT: end of 1st token's step
+    assert a.first_token_step == 0 and a.finish_step == 3
+
+
+def test_idle_engine_waits_for_the_next_arrival(tmp_path):
+    rows = [{"arrival_s": 0.0, "max_tokens": 2, "prompt_token_ids": [1, 2, 3]},
+            {"arrival_s": 50.0, "max_tokens": 2, "prompt_token_ids": [4, 5, 6]}]
+    sc = scenario(tmp_path, rows)
+    rec = engine.run(sc, build_requests(sc), check_invariants=True)
+    assert [s.start_s for s in rec.steps][2] == 50.0
+    assert len(rec.steps) == 4 and rec.requests[1].join_step == 2
+
+
+def test_limits_stop_the_run(tmp_path):
+    rows = [{"arrival_s": float(i), "max_tokens": 50, "prompt_token_ids": [i]} for i in range(5)]
+    sc = scenario(tmp_path, rows)
+    raw_limited = parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+                                  "engine": {"num_gpu_blocks": 300, "max_model_len": 1024,
+                                             "max_num_batched_tokens": 512, "max_num_seqs": 8},
+                                  "workload": {"kind": "trace", "path": str(sc.workload.path)},
+                                  "run": {"max_steps": 10}})
+    rec = engine.run(raw_limited, build_requests(raw_limited))
+    assert len(rec.steps) == 10 and rec.stopped_by == "max_steps"
+    assert rec.requests[0].finish_step is None
