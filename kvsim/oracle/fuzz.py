@@ -1,0 +1,82 @@
+"""Seeded random scenarios in the oracle driver's format, built to hit the accounting's edges.
+
+Prompts share prefixes of random length (block-aligned or not, sometimes whole repeats), pools
+range from the minimum vLLM accepts to roomy, budgets force chunking, and requests join in
+waves. Prompts are written as ``prompt_segments``; ``to_driver`` expands them to token ids.
+"""
+
+from __future__ import annotations
+
+import random
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def random_scenario(seed: int) -> dict:
+    rng = random.Random(seed)
+    b = rng.choice([4, 8, 16, 32])
+    mml = rng.choice([128, 256, 512, 1024])
+    min_blocks = cdiv(mml, b) + 1  # vLLM refuses a pool that cannot hold max_model_len
+    chunked = rng.random() < 0.85
+    budget = rng.choice([32, 64, 128, 256, 2048])
+    if not chunked:
+        budget = max(budget, mml)
+    engine = {
+        "block_size": b,
+        "num_gpu_blocks": min_blocks + rng.choice([0, 1, 3, min_blocks // 2, 2 * min_blocks, 6 * min_blocks]),
+        "enable_prefix_caching": rng.random() < 0.85,
+        "max_num_batched_tokens": budget,
+        "max_num_seqs": min(budget, rng.choice([2, 4, 8, 256])),
+        "max_model_len": mml,
+        "enable_chunked_prefill": chunked,
+        "long_prefill_token_threshold": rng.choice([0, 0, 0, 16, 48]),
+        "scheduling_policy": "priority" if rng.random() < 0.3 else "fcfs",
+        "scheduler_reserve_full_isl": rng.random() < 0.8,
+    }
+    docs = []
+    next_id = 1
+    for _ in range(rng.randint(2, 5)):
+        n = rng.choice([rng.randint(1, 300), b * rng.randint(1, 12)])
+        docs.append([next_id, n])
+        next_id += n
+    requests = []
+    join = 0
+    for i in range(rng.randint(4, 40)):
+        if requests and rng.random() < 0.15:
+            segs = [list(s) for s in rng.choice(requests)["prompt_segments"]]  # exact repeat
+        else:
+            first, n = rng.choice(docs)
+            cut = rng.choice([n, rng.randint(1, n), b * max(1, n // b)])
+            segs = [[first, min(cut, n)]]
+            tail = rng.choice([0, rng.randint(1, 60), b])
+            if tail:
+                segs.append([next_id, tail])
+                next_id += tail
+        if sum(n for _, n in segs) >= mml:  # prompt + one output must fit max_model_len
+            first, n = segs[0]
+            segs = [[first, min(n, mml - 1 - rng.randint(0, 20))]]
+        join += rng.choice([0, 0, 0, 1, 2, 5, 20])
+        requests.append({
+            "req_id": f"r{i}",
+            "prompt_segments": segs,
+            "max_tokens": rng.choice([1, 2, rng.randint(1, 40), rng.randint(40, 120)]),
+            "priority": rng.randint(0, 3),
+            "arrival_time": join * 0.01 + i * 1e-6,
+            "join_step": join,
+            "output_token_id": -(i + 1),
+        })
+    return {"seed": seed, "engine": engine, "requests": requests}
+
+
+def to_driver(scenario: dict) -> dict:
+    """The scenario with ``prompt_segments`` expanded to ``prompt_token_ids``."""
+    reqs = []
+    for r in scenario["requests"]:
+        r = dict(r)
+        segs = r.pop("prompt_segments", None)
+        if segs is not None:
+            r["prompt_token_ids"] = [t for f, n in segs for t in range(f, f + n)]
+        reqs.append(r)
+    return {"engine": scenario["engine"], "requests": reqs}

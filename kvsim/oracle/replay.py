@@ -1,0 +1,149 @@
+"""Drive kvsim's scheduler exactly as ``vllm_driver.py`` drives vLLM's, and compare results.
+
+Both loops share one contract: ``step`` counts the schedule() calls that scheduled tokens;
+before each call every request with ``join_step <= step`` joins, in input order; when the
+engine is idle the batch with the next ``join_step`` joins; a request whose chunk reaches
+``num_tokens`` samples one token. ``drive`` returns the driver's output schema, so
+``compare`` can diff the two field by field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from kvsim.errors import InvariantError
+from kvsim.kv.manager import KVCacheManager
+from kvsim.kv.pool import BlockPool
+from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
+from kvsim.sched import Scheduler, SchedulerParams
+from kvsim.semantics import semantics_for
+
+ENGINE_DEFAULTS = {
+    "block_size": 16, "num_gpu_blocks": 64, "enable_prefix_caching": True,
+    "max_num_batched_tokens": 2048, "max_num_seqs": 256, "max_model_len": 4096,
+    "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
+    "scheduling_policy": "fcfs", "scheduler_reserve_full_isl": True,
+}
+REQUEST_FIELDS = ("cached_tokens", "num_preemptions", "first_scheduled_step", "first_token_step",
+                  "finish_step", "num_output_tokens")
+
+
+def prompt_of(spec: dict):
+    if "prompt_segments" in spec:
+        return SegmentTokens([tuple(s) for s in spec["prompt_segments"]])
+    return ExplicitTokens(tuple(spec["prompt_token_ids"]))
+
+
+def build(engine: dict, version: str) -> Scheduler:
+    e = {**ENGINE_DEFAULTS, **engine}
+    sem = semantics_for(version)
+    if sem is None:
+        raise ValueError(f"kvsim does not reproduce vLLM {version}")
+    pool = BlockPool(e["num_gpu_blocks"], e["enable_prefix_caching"], sem.free_unhashed_to_front)
+    kv = KVCacheManager(pool, e["block_size"], e["max_model_len"], e["enable_prefix_caching"])
+    params = SchedulerParams(**{k: e[k] for k in (
+        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
+        "long_prefill_token_threshold", "scheduling_policy", "scheduler_reserve_full_isl")})
+    return Scheduler(params, kv, sem)
+
+
+def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True) -> dict:
+    """Run a driver-format scenario through kvsim; the result follows the driver's schema."""
+    sched = build(scenario.get("engine", {}), version)
+    specs = scenario["requests"]
+    reqs = []
+    for i, s in enumerate(specs):
+        r = Request(RequestSpec(req_id=str(s["req_id"]), arrival_s=float(s.get("arrival_time", 0.0)),
+                                prompt=prompt_of(s), max_tokens=int(s["max_tokens"]),
+                                priority=int(s.get("priority", 0))), i)
+        r.output_token_id = int(s.get("output_token_id", -1))
+        reqs.append(r)
+    join = [int(s.get("join_step", 0)) for s in specs]
+    pending = list(range(len(reqs)))
+    steps, step, done = [], 0, 0
+
+    def add_joined(limit):
+        nonlocal pending
+        for i in [i for i in pending if join[i] <= limit]:
+            sched.add_request(reqs[i])
+        pending = [i for i in pending if join[i] > limit]
+
+    while True:
+        add_joined(step)
+        if done == len(reqs):
+            break
+        if not sched.num_unfinished:
+            add_joined(min(join[i] for i in pending))
+            continue
+        plan = sched.schedule()
+        if not plan.scheduled:
+            if plan.preempted:
+                sched.update_from_output(plan)
+                continue
+            raise InvariantError(f"kvsim stalled at step {step}")
+        for r, _, _ in plan.scheduled:
+            if r.first_scheduled_step is None:
+                r.first_scheduled_step = step
+        block_ids = {r.req_id: sched.kv.block_ids(r.req_id) for r, _, _ in plan.scheduled}
+        first, finished = sched.update_from_output(plan)
+        for r in first:
+            r.first_token_step = step
+        for r in finished:
+            r.finish_step = step
+        done += len(finished)
+        if check_invariants:
+            sched.kv.check_invariants()
+        pc = plan.prefix_cache
+        steps.append({
+            "step": step,
+            "scheduled": {r.req_id: n for r, n, _ in plan.scheduled},
+            "preempted": sorted(r.req_id for r in plan.preempted),
+            "block_ids": block_ids,
+            "num_free_blocks": sched.kv.pool.num_free_blocks,
+            "prefix_cache": {"requests": pc.requests, "queries": pc.queries, "hits": pc.hits,
+                             "preempted_requests": pc.preempted_requests,
+                             "preempted_queries": pc.preempted_queries,
+                             "preempted_hits": pc.preempted_hits},
+        })
+        step += 1
+    return {
+        "requests": {r.req_id: {"cached_tokens": r.cached_tokens, "num_preemptions": r.num_preemptions,
+                                "first_scheduled_step": r.first_scheduled_step,
+                                "first_token_step": r.first_token_step, "finish_step": r.finish_step,
+                                "num_output_tokens": r.num_output_tokens} for r in reqs},
+        "steps": steps,
+        "free_queue_end": list(sched.kv.pool.free_queue),
+    }
+
+
+def block_ids_digest(block_ids: dict) -> str:
+    """A short fingerprint of one step's block tables (fixtures store this, not the tables)."""
+    text = json.dumps(list(block_ids.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def compare(kvsim: dict, vllm: dict, limit: int = 10) -> list[str]:
+    """Mismatches between two results, first ``limit`` of them (empty: identical)."""
+    out: list[str] = []
+    for rid, want in vllm["requests"].items():
+        got = kvsim["requests"].get(rid, {})
+        for f in REQUEST_FIELDS:
+            if got.get(f) != want.get(f):
+                out.append(f"request {rid} {f}: kvsim {got.get(f)} vllm {want.get(f)}")
+    if len(kvsim["steps"]) != len(vllm["steps"]):
+        out.append(f"steps: kvsim {len(kvsim['steps'])} vllm {len(vllm['steps'])}")
+    for ks, vs in zip(kvsim["steps"], vllm["steps"]):
+        if "block_ids_digest" in vs:
+            ks = {**ks, "block_ids_digest": block_ids_digest(ks["block_ids"])}
+        fields = [f for f in ("scheduled", "preempted", "block_ids", "block_ids_digest",
+                              "num_free_blocks", "prefix_cache") if f in vs]
+        for f in fields:
+            a, b = ks[f], vs[f]
+            if f == "scheduled":  # order matters: running first, then admissions
+                a, b = list(a.items()), list(b.items())
+            if a != b:
+                out.append(f"step {vs['step']} {f}: kvsim {a} vllm {b}")
+    if kvsim["free_queue_end"] != vllm["free_queue_end"]:
+        out.append("free_queue_end differs")
+    return out[:limit]

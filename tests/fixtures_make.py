@@ -1,0 +1,61 @@
+"""Regenerate tests/fixtures/vllm-<version>.json.gz: fuzzed scenarios and vLLM's own results.
+
+Needs an oracle environment (kvsim/oracle/make_env.sh VERSION):
+
+    python tests/fixtures_make.py --python ~/.cache/kvsim/oracle/vllm-0.33.0/bin/python \
+        --version 0.33.0 --count 120
+
+The expected numbers in the fixture come from vLLM's Scheduler, never from kvsim;
+tests/test_vllm_fixtures.py replays each scenario through kvsim and requires identity.
+"""
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvsim.oracle.fuzz import random_scenario, to_driver  # noqa: E402
+from kvsim.oracle.replay import block_ids_digest  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--python", required=True, help="the oracle environment's python")
+    ap.add_argument("--version", default="0.33.0")
+    ap.add_argument("--count", type=int, default=120)
+    ap.add_argument("--first-seed", type=int, default=0)
+    args = ap.parse_args()
+    scenarios = [random_scenario(s) for s in range(args.first_seed, args.first_seed + args.count)]
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        inp.write_text(json.dumps([to_driver(s) for s in scenarios]))
+        subprocess.run([args.python, str(ROOT / "kvsim/oracle/vllm_driver.py"), str(inp), str(out)],
+                       check=False)
+        results = json.loads(out.read_text())
+    cases = []
+    for sc, res in zip(scenarios, results, strict=True):
+        if "error" in res:
+            print(f"seed {sc['seed']}: {res['error']}", file=sys.stderr)
+            continue
+        res.pop("usage", None)
+        for st in res["steps"]:
+            st.pop("usage", None)  # recomputable from num_free_blocks
+            st["block_ids_digest"] = block_ids_digest(st.pop("block_ids"))
+        cases.append({"scenario": sc, "vllm": res})
+    dest = ROOT / "tests" / "fixtures" / f"vllm-{args.version}.json.gz"
+    dest.parent.mkdir(exist_ok=True)
+    text = json.dumps({"vllm_version": args.version, "generator": "kvsim.oracle.fuzz",
+                       "cases": cases}, separators=(",", ":")) + "\n"
+    dest.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    print(f"{len(cases)} cases -> {dest} ({dest.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
