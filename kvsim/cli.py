@@ -62,8 +62,11 @@ def _write_results(out: Path, files: dict[str, str]) -> None:
     """Write into a temporary sibling folder, then rename: a folder named ``out`` is complete."""
     if out.exists() and (not out.is_dir() or not (out / "summary.json").exists()):
         raise ConfigError(str(out), "exists and is not a kvsim result folder; choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as exc:
+        raise ConfigError(str(out), f"cannot create the result folder: {exc.strerror or exc}") from None
     try:
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")

@@ -442,8 +442,6 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
         if section not in SCHEMA:
             raise ConfigError(f"{file}: [{section}]", f"unknown section{_suggest(section, list(SCHEMA))}")
     model = _build(ModelCfg, _section(raw, "model", file))
-    if model.head_dim * model.num_attention_heads <= 0:  # pragma: no cover - ranges forbid it
-        raise ConfigError(f"{file}: model.head_dim", "must be positive")
     hardware = _build(HardwareCfg, _section(raw, "hardware", file))
     engine = _engine(raw, file, model, hardware)
     return Scenario(

@@ -87,7 +87,7 @@ class Request:
     """Mutable per-request state inside the scheduler (mirrors ``vllm.v1.request.Request``)."""
 
     __slots__ = (
-        "spec", "req_id", "seq", "arrival_s", "priority", "prompt", "num_prompt_tokens",
+        "req_id", "seq", "arrival_s", "priority", "prompt", "num_prompt_tokens",
         "max_tokens", "output_token_id", "num_output_tokens", "num_computed_tokens", "status",
         "is_prefill_chunk", "num_preemptions", "block_hashes", "cached_tokens",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
@@ -95,7 +95,6 @@ class Request:
     )
 
     def __init__(self, spec: RequestSpec, seq: int):
-        self.spec = spec
         self.req_id = spec.req_id
         self.seq = seq
         self.arrival_s = spec.arrival_s
