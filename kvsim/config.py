@@ -21,7 +21,8 @@ from kvsim.errors import ConfigError
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
 
 GiB = 1 << 30
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
+               "float8_e4m3fn": 1, "fp8": 1}
 KV_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}
 
 
@@ -61,6 +62,17 @@ MODEL_KEYS = (
     Key("num_params", "int", REQUIRED, "Total parameters (weight bytes and linear FLOPs).", low=1),
     Key("dtype", "str", "bfloat16", "Weight dtype.", choices=tuple(DTYPE_BYTES)),
     Key("max_position_embeddings", "int", REQUIRED, "Context length; the default `max_model_len`.", low=1),
+    Key("num_active_params", "int", None, "Parameters active per token (MoE); default `num_params`.",
+        low=1),
+    Key("attention_type", "str", "gqa", "`gqa` (K and V per KV head) or `mla` (one latent of "
+        "`kv_lora_rank + qk_rope_head_dim` per token and layer, replicated across TP ranks).",
+        choices=("gqa", "mla")),
+    Key("kv_lora_rank", "int", 0, "MLA latent width.", low=0),
+    Key("qk_rope_head_dim", "int", 0, "MLA rotary key width.", low=0),
+    Key("num_nextn_predict_layers", "int", 1, "MTP modules the checkpoint ships (more than one "
+        "makes `mtp` multi-module).", low=0),
+    Key("mtp_params", "int", 0, "Parameters of one MTP module (information; the cost model "
+        "prices an MTP/EAGLE head as one average decoder layer).", low=0),
 )
 
 HARDWARE_KEYS = (
@@ -107,8 +119,28 @@ ENGINE_KEYS = (
     Key("async_scheduling", "bool", False, "Asynchronous scheduling (not modelled yet: must be false)."),
 )
 
+SPEC_METHODS = ("none", "ngram", "eagle", "eagle3", "mtp", "draft_model")
+EAGLE_METHODS = ("eagle", "eagle3", "mtp")
+
 SPECULATIVE_KEYS = (
-    Key("method", "str", "none", "Speculative decoding method (only `none` so far).", choices=("none",)),
+    Key("method", "str", "none", "Speculative decoding method, as vLLM's `--speculative-config` "
+        "`method`.", choices=SPEC_METHODS),
+    Key("num_speculative_tokens", "int", None, "Drafts per step, k (required with a method).", low=1),
+    Key("acceptance", "str", "per_position", "Acceptance model: `per_position` (drafts accepted "
+        "before the first rejection, position i accepted with probability `acceptance_rates[i]`, "
+        "seeded per request), `fixed` (`num_accepted` per step), or `trace` (each request's "
+        "`accepted` list from the trace, cycled).", choices=("per_position", "fixed", "trace")),
+    Key("acceptance_rates", "floats", None, "Per-position acceptance probability, given the "
+        "previous draft was accepted; default 0.7 at every position.", low=0, high=1),
+    Key("num_accepted", "int", None, "Drafts accepted per verify step (acceptance = fixed).", low=0),
+    Key("draft_model", "str", None, "Model preset of the draft model (method = draft_model); "
+        "costs its forward passes. Default: the target model's preset."),
+    Key("disable_eagle_block_drop", "bool", False, "vLLM's opt-out of the EAGLE last-block drop "
+        "(0.32 and later)."),
+    Key("disable_lookahead_block_hashes", "bool", False, "vLLM 0.33: go back from lookahead "
+        "block hashes to the block drop."),
+    Key("parallel_drafting", "bool", False, "Parallel drafting (P-EAGLE / PARD): more input "
+        "slots per request."),
 )
 
 WORKLOAD_KEYS = (
@@ -165,10 +197,20 @@ class ModelCfg:
     num_params: int
     dtype: str
     max_position_embeddings: int
+    num_active_params: int | None = None
+    attention_type: str = "gqa"
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    num_nextn_predict_layers: int = 1
+    mtp_params: int = 0
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def active_params(self) -> int:
+        return self.num_active_params or self.num_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +252,22 @@ class EngineCfg:
 @dataclass(frozen=True, slots=True)
 class SpecCfg:
     method: str = "none"
+    num_speculative_tokens: int = 0
+    acceptance: str = "per_position"
+    acceptance_rates: tuple[float, ...] = ()
+    num_accepted: int = 0
+    draft_model: str | None = None
+    disable_eagle_block_drop: bool = False
+    disable_lookahead_block_hashes: bool = False
+    parallel_drafting: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def eagle_family(self) -> bool:
+        return self.method in EAGLE_METHODS
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +323,15 @@ def _suggest(name: str, known: list[str]) -> str:
 
 def _check_value(where: str, key: Key, value: Any) -> Any:
     t = key.type
+    if t == "floats":
+        if (not isinstance(value, list) or not value
+                or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)):
+            raise ConfigError(where, f"must be a non-empty list of numbers, got {value!r}")
+        value = [float(x) for x in value]
+        if any(not (key.low or 0) <= x <= (key.high if key.high is not None else math.inf)
+               or math.isnan(x) for x in value):
+            raise ConfigError(where, f"entries must lie in [{key.low:g}, {key.high:g}], got {value!r}")
+        return tuple(value)
     if t == "bool":
         if not isinstance(value, bool):
             raise ConfigError(where, f"must be true or false, got {value!r}")
@@ -337,7 +404,12 @@ def _build(cls, values: dict[str, Any]):
 
 def kv_bytes_per_token(model: ModelCfg, engine_kv_dtype: str, tp: int) -> int:
     """Bytes of K and V per token across all layers, on one GPU of the replica."""
-    dtype_bytes = model.dtype_bytes if engine_kv_dtype == "auto" else KV_CACHE_DTYPE_BYTES[engine_kv_dtype]
+    if engine_kv_dtype != "auto":
+        dtype_bytes = KV_CACHE_DTYPE_BYTES[engine_kv_dtype]
+    else:  # an fp8 checkpoint still keeps its KV cache in 16 bits unless told otherwise
+        dtype_bytes = max(2, model.dtype_bytes)
+    if model.attention_type == "mla":
+        return model.num_hidden_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * dtype_bytes
     kv_heads = max(1, model.num_key_value_heads // tp)
     return 2 * model.num_hidden_layers * kv_heads * model.head_dim * dtype_bytes
 
@@ -435,6 +507,43 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     return _build(WorkloadCfg, w)
 
 
+def _speculative(raw: dict, file: str, engine: EngineCfg) -> SpecCfg:
+    s = _section(raw, "speculative", file)
+    where = f"{file}: speculative"
+    if s["method"] == "none":
+        return SpecCfg()  # other keys are inert (variants switch the method alone)
+    k = s["num_speculative_tokens"]
+    if k is None:
+        raise ConfigError(f"{where}.num_speculative_tokens", f"missing (required with method = "
+                          f"'{s['method']}')")
+    sem = engine.semantics
+    for flag, ok in (("disable_eagle_block_drop", sem.has_disable_eagle_block_drop),
+                     ("disable_lookahead_block_hashes", sem.has_disable_lookahead_block_hashes)):
+        if s[flag] and not ok:
+            raise ConfigError(f"{where}.{flag}", f"vLLM {engine.vllm_version} has no such option")
+    if s["acceptance"] == "fixed":
+        if s["num_accepted"] is None:
+            raise ConfigError(f"{where}.num_accepted", "missing (required with acceptance = 'fixed')")
+        if s["num_accepted"] > k:
+            raise ConfigError(f"{where}.num_accepted", f"{s['num_accepted']} exceeds "
+                              f"num_speculative_tokens ({k})")
+    s["num_accepted"] = s["num_accepted"] or 0
+    s["acceptance_rates"] = s["acceptance_rates"] or (0.7,)
+    if s["draft_model"] is not None:
+        if s["method"] != "draft_model":
+            raise ConfigError(f"{where}.draft_model", "only used with method = 'draft_model'")
+        if presets.load("models", s["draft_model"]) is None:
+            known = presets.names("models")
+            raise ConfigError(f"{where}.draft_model", f"unknown preset {s['draft_model']!r}"
+                              f"{_suggest(s['draft_model'], known)}")
+    if s["parallel_drafting"] and s["method"] not in ("eagle", "eagle3", "draft_model"):
+        raise ConfigError(f"{where}.parallel_drafting", "only EAGLE and draft models draft in parallel")
+    if engine.max_num_batched_tokens <= k:
+        raise ConfigError(f"{file}: engine.max_num_batched_tokens", f"{engine.max_num_batched_tokens} "
+                          f"leaves no room for {k} lookahead slots (vLLM refuses it)")
+    return _build(SpecCfg, s)
+
+
 def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     """Validate a scenario table (as ``tomllib`` returns it). Raises ConfigError."""
     file = path.name if path else "scenario"
@@ -449,7 +558,7 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
         model=model,
         hardware=hardware,
         engine=engine,
-        speculative=_build(SpecCfg, _section(raw, "speculative", file)),
+        speculative=_speculative(raw, file, engine),
         workload=_workload(raw, file, path.parent if path else None),
         cost=_build(CostCfg, _section(raw, "cost", file)),
         run=_build(RunCfg, _section(raw, "run", file)),
@@ -485,6 +594,8 @@ def _toml_value(v: Any) -> str:
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
         return repr(v)
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, Path):
         v = str(v)
     if isinstance(v, str):
@@ -508,6 +619,8 @@ def resolved_toml(sc: Scenario) -> str:
             if v is None:
                 continue
             if section == "workload" and key.name in ("format", "path") and sc.workload.kind != "trace":
+                continue
+            if section == "speculative" and key.name != "method" and not sc.speculative.enabled:
                 continue
             lines.append(f"{key.name} = {_toml_value(v)}")
         lines.append("")

@@ -21,14 +21,17 @@ from kvsim.kv.manager import KVCacheManager
 from kvsim.kv.pool import BlockPool
 from kvsim.request import Request, RequestSpec
 from kvsim.sched import Scheduler, SchedulerParams
+from kvsim.specdec import Acceptance, spec_setup
 
 
 @dataclass(slots=True)
 class StepRecord:
     step: int
     start_s: float
-    duration_s: float
+    duration_s: float  # the whole step, drafting included
+    draft_s: float  # of which the drafter's own passes
     num_scheduled_tokens: int
+    num_spec_tokens: int  # draft tokens verified in this step
     num_prefill_tokens: int
     num_decode_tokens: int
     num_scheduled_reqs: int
@@ -58,14 +61,17 @@ def build_scheduler(sc: Scenario) -> Scheduler:
     """A fresh scheduler with its own pool and manager for the scenario's engine."""
     e = sc.engine
     sem = e.semantics
+    spec = spec_setup(sc)
     pool = BlockPool(e.num_gpu_blocks, e.enable_prefix_caching, sem.free_unhashed_to_front)
-    kv = KVCacheManager(pool, e.block_size, e.max_model_len, e.enable_prefix_caching)
+    kv = KVCacheManager(pool, e.block_size, e.max_model_len, e.enable_prefix_caching,
+                        eagle_drop=spec.eagle_drop, hash_lookahead=spec.hash_lookahead,
+                        num_reprefillable=spec.num_reprefillable)
     params = SchedulerParams(
         max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
         max_model_len=e.max_model_len, enable_chunked_prefill=e.enable_chunked_prefill,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         scheduling_policy=e.scheduling_policy,
-        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl)
+        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl, spec=spec.params)
     return Scheduler(params, kv, sem)
 
 
@@ -74,16 +80,17 @@ def run(sc: Scenario, specs: list[RequestSpec], check_invariants: bool = False,
     """Simulate ``specs`` (sorted by arrival) on the scenario's engine; returns the records."""
     e = sc.engine
     cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
-                                      e.kv_cache_dtype)
+                                      e.kv_cache_dtype, sc.speculative)
     sched = build_scheduler(sc)
+    accept = Acceptance(sc.speculative, sc.run.seed) if sc.speculative.enabled else None
     rec = Records(requests=[Request(s, i) for i, s in enumerate(specs)], cost_label=cost.label)
     env = simpy.Environment()
-    env.process(_engine_loop(env, sc, sched, cost, rec, check_invariants, progress))
+    env.process(_engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress))
     env.run()
     return rec
 
 
-def _engine_loop(env, sc, sched, cost, rec, check_invariants, progress):
+def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
     reqs, limits = rec.requests, sc.run
     nxt = step = num_finished = 0
     while True:
@@ -109,21 +116,24 @@ def _engine_loop(env, sc, sched, cost, rec, check_invariants, progress):
                 break
             yield env.timeout(reqs[nxt].arrival_s - now)  # idle until the next arrival
             continue
-        chunks = [(n, c) for _, n, c in plan.scheduled]
-        num_sampled = sum(1 for r, _, _ in plan.scheduled if not r.is_prefill_chunk)
-        duration = cost.step_time_s(chunks, num_sampled)
-        for r, _, _ in plan.scheduled:
-            if r.first_scheduled_step is None:
-                r.first_scheduled_step = step
-        yield env.timeout(duration)
+        chunks = [(c.num_new_tokens, c.num_computed_before) for c in plan.scheduled]
+        sampled = [c for c in plan.scheduled if not c.req.is_prefill_chunk]
+        duration = cost.step_time_s(chunks, len(sampled))
+        draft = cost.draft_time_s(chunks, len(sampled))
+        for c in plan.scheduled:
+            if c.req.first_scheduled_step is None:
+                c.req.first_scheduled_step = step
+        yield env.timeout(duration + draft)
         end = env.now
-        first, finished = sched.update_from_output(plan)
+        first, finished = sched.update_from_output(plan, accept)
         for r in first:
             r.first_token_step, r.first_token_s = step, end
         for r in finished:
             r.finish_step, r.finish_s = step, end
+            if accept is not None:
+                accept.forget(r)
         num_finished += len(finished)
-        rec.steps.append(_step_record(step, now, duration, plan, sched))
+        rec.steps.append(_step_record(step, now, duration, draft, plan, sched))
         if check_invariants:
             sched.kv.check_invariants()
         step += 1
@@ -132,15 +142,18 @@ def _engine_loop(env, sc, sched, cost, rec, check_invariants, progress):
     rec.end_s = env.now
 
 
-def _step_record(step, start, duration, plan, sched) -> StepRecord:
+def _step_record(step, start, duration, draft, plan, sched) -> StepRecord:
     # Decode tokens: those scheduled past the prompt (a re-prefill after preemption counts
     # as prefill, like vLLM's own prompt/generation split).
-    decode = sum(n for r, n, c in plan.scheduled if c >= r.num_prompt_tokens)
+    decode = sum(c.num_new_tokens for c in plan.scheduled
+                 if c.num_computed_before >= c.req.num_prompt_tokens)
     total = plan.num_scheduled_tokens
     pc = plan.prefix_cache
     pool = sched.kv.pool
     return StepRecord(
-        step=step, start_s=start, duration_s=duration, num_scheduled_tokens=total,
+        step=step, start_s=start, duration_s=duration + draft, draft_s=draft,
+        num_scheduled_tokens=total,
+        num_spec_tokens=sum(c.num_spec_tokens for c in plan.scheduled if not c.padded),
         num_prefill_tokens=total - decode, num_decode_tokens=decode,
         num_scheduled_reqs=len(plan.scheduled), num_preempted=len(plan.preempted),
         num_running=len(sched.running), num_waiting=len(sched.waiting),

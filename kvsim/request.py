@@ -81,6 +81,8 @@ class RequestSpec:
     prompt: ExplicitTokens | SegmentTokens
     max_tokens: int
     priority: int = 0
+    # Drafts accepted at the request's 1st, 2nd, ... verify step (cycled), from a trace.
+    accepted: tuple[int, ...] | None = None
 
 
 class Request:
@@ -90,6 +92,8 @@ class Request:
         "req_id", "seq", "arrival_s", "priority", "prompt", "num_prompt_tokens",
         "max_tokens", "output_token_id", "num_output_tokens", "num_computed_tokens", "status",
         "is_prefill_chunk", "num_preemptions", "block_hashes", "cached_tokens",
+        "num_draft_tokens", "num_drafts_proposed", "num_drafts_accepted", "num_verify_steps",
+        "accepted_trace",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_token_s", "finish_s",
     )
@@ -111,6 +115,11 @@ class Request:
         self.num_preemptions = 0
         self.block_hashes: list[int] = []
         self.cached_tokens: int | None = None
+        self.num_draft_tokens = 0  # drafts attached for the next step (len(spec_token_ids))
+        self.num_drafts_proposed = 0
+        self.num_drafts_accepted = 0
+        self.num_verify_steps = 0
+        self.accepted_trace = spec.accepted
         self.join_step: int | None = None
         self.first_scheduled_step: int | None = None
         self.first_token_step: int | None = None

@@ -13,11 +13,28 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, Status
 from kvsim.semantics import Semantics
+
+
+@dataclass(frozen=True, slots=True)
+class SpecParams:
+    """Speculative decoding as the scheduler sees it (all zero: off).
+
+    ``num_lookahead_tokens`` extra KV slots are reserved on every allocation (EAGLE/MTP and
+    draft models: k; ngram: 0); ``draft_slots`` is vLLM's ``max_num_new_slots_for_drafting``,
+    taken from the input budget per scheduled request; ``num_prefill_lookahead`` tokens at the
+    end of a prompt are never left alone in a chunk (multi-module MTP).
+    """
+
+    num_speculative_tokens: int = 0
+    num_lookahead_tokens: int = 0
+    draft_slots: int = 0
+    num_prefill_lookahead: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +48,7 @@ class SchedulerParams:
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
     scheduler_reserve_full_isl: bool = True
+    spec: SpecParams = SpecParams()
 
 
 @dataclass(slots=True)
@@ -56,20 +74,30 @@ class PrefixCacheStats:
 
 
 @dataclass(slots=True)
+class Chunk:
+    """One request's share of a step: ``num_new_tokens`` after ``num_computed_before`` tokens,
+    of which the last ``num_spec_tokens`` are drafts to verify (``padded``: placeholder drafts
+    vLLM adds to a newly admitted one-token request, which can never be accepted)."""
+
+    req: Request
+    num_new_tokens: int
+    num_computed_before: int
+    num_spec_tokens: int = 0
+    padded: bool = False
+
+
+@dataclass(slots=True)
 class StepPlan:
-    """What one ``schedule()`` call decided.
+    """What one ``schedule()`` call decided; ``scheduled`` is in vLLM's order (running
+    requests, then admissions)."""
 
-    ``scheduled`` is in vLLM's order (running requests, then admissions); each entry is
-    ``(request, num_new_tokens, num_computed_tokens_before)``.
-    """
-
-    scheduled: list[tuple[Request, int, int]] = field(default_factory=list)
+    scheduled: list[Chunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return sum(n for _, n, _ in self.scheduled)
+        return sum(c.num_new_tokens for c in self.scheduled)
 
 
 class _FcfsQueue:
@@ -120,13 +148,16 @@ class _PriorityQueue:
 WAITING_QUEUES = {"fcfs": _FcfsQueue, "priority": _PriorityQueue}
 
 
+Acceptance = Callable[[Request, int], int]
+"""How many of ``n`` drafts a request accepts at this verify step (0 <= result <= n)."""
+
+
 class Scheduler:
-    def __init__(self, params: SchedulerParams, kv: KVCacheManager, sem: Semantics,
-                 num_lookahead_tokens: int = 0):
+    def __init__(self, params: SchedulerParams, kv: KVCacheManager, sem: Semantics):
         self.params = params
         self.kv = kv
         self.sem = sem
-        self.num_lookahead_tokens = num_lookahead_tokens
+        self.spec = params.spec
         self.waiting = WAITING_QUEUES[params.scheduling_policy]()
         self.running: list[Request] = []
         self.priority_policy = params.scheduling_policy == "priority"
@@ -144,35 +175,52 @@ class Scheduler:
         """Plan one step; mutates queues, block tables and ``num_computed_tokens``."""
         p = self.params
         plan = StepPlan()
-        scheduled: dict[str, tuple[Request, int, int]] = {}
-        budget = p.max_num_batched_tokens
+        scheduled: dict[str, Chunk] = {}
+        # vLLM keeps two budgets: scheduled tokens, and model inputs, from which each
+        # scheduled request also takes ``draft_slots`` (draft-model inputs).
+        budget = [p.max_num_batched_tokens, p.max_num_batched_tokens]
         threshold = p.long_prefill_token_threshold
         if self.sem.long_prefill_only_with_competition and self.num_unfinished <= 1:
             threshold = 0  # nobody to starve
-        budget = self._schedule_running(plan, scheduled, budget, threshold)
+        prefill_scheduled = self._schedule_running(plan, scheduled, budget, threshold)
         if not plan.preempted:
-            self._schedule_waiting(plan, scheduled, budget, threshold)
+            self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
         plan.scheduled = list(scheduled.values())
-        for req, n, _ in plan.scheduled:  # vLLM's _update_after_schedule
-            req.num_computed_tokens += n
+        for c in plan.scheduled:  # vLLM's _update_after_schedule
+            req = c.req
+            req.num_computed_tokens += c.num_new_tokens
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens
         return plan
 
-    def _schedule_running(self, plan: StepPlan, scheduled: dict, budget: int,
-                          threshold: int) -> int:
-        p, kv, running = self.params, self.kv, self.running
+    def _reserve_prefill_lookahead(self, req: Request, computed: int, n: int) -> int:
+        """Multi-module MTP: never end a prefill chunk within the drafter's read-ahead."""
+        npl = self.spec.num_prefill_lookahead
+        remaining = req.num_tokens - computed - n
+        if 0 < remaining < npl:
+            n -= npl - remaining
+        return max(n, 0)
+
+    def _schedule_running(self, plan: StepPlan, scheduled: dict, budget: list[int],
+                          threshold: int) -> bool:
+        p, kv, running, spec = self.params, self.kv, self.running, self.spec
+        slots = spec.draft_slots
+        prefill_scheduled = False
         idx = 0
-        while idx < len(running) and budget > 0:
+        while idx < len(running) and budget[0] > 0:
+            if budget[1] <= slots:
+                break
             req = running[idx]
-            n = req.num_tokens - req.num_computed_tokens
+            computed = req.num_computed_tokens
+            n = req.num_tokens + req.num_draft_tokens - computed
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, p.max_model_len - req.num_computed_tokens - 1)
+            n = min(n, budget[0], budget[1] - slots, p.max_model_len - computed - 1)
+            n = self._reserve_prefill_lookahead(req, computed, n)
             if n <= 0:
                 idx += 1
                 continue
             while True:
-                new_blocks = kv.allocate_slots(req, n, num_lookahead_tokens=self.num_lookahead_tokens)
+                new_blocks = kv.allocate_slots(req, n, num_lookahead_tokens=spec.num_lookahead_tokens)
                 if new_blocks is not None:
                     break
                 if self.priority_policy:
@@ -182,7 +230,9 @@ class Scheduler:
                     if victim_idx < idx:
                         idx -= 1
                     if victim.req_id in scheduled:
-                        budget += scheduled.pop(victim.req_id)[1]
+                        restored = scheduled.pop(victim.req_id).num_new_tokens
+                        budget[0] += restored
+                        budget[1] += restored + slots
                 else:
                     victim = running.pop()
                 self._preempt(victim)
@@ -193,26 +243,49 @@ class Scheduler:
                 if self.priority_policy and req.status is Status.PREEMPTED:
                     continue  # it preempted itself; later (higher-priority) requests may fit
                 break
-            scheduled[req.req_id] = (req, n, req.num_computed_tokens)
-            budget -= n
+            prefill_scheduled |= req.is_prefill_chunk
+            num_spec = 0
+            if req.num_draft_tokens:
+                num_spec = max(0, min(req.num_draft_tokens, n + computed - req.num_tokens))
+                req.num_draft_tokens = 0  # fresh drafts come after this step
+            scheduled[req.req_id] = Chunk(req, n, computed, num_spec)
+            budget[0] -= n
+            budget[1] -= n + slots
             idx += 1
-        return budget
+        return prefill_scheduled
 
-    def _schedule_waiting(self, plan: StepPlan, scheduled: dict, budget: int,
-                          threshold: int) -> None:
-        p, kv, waiting = self.params, self.kv, self.waiting
-        while budget > 0 and len(waiting) and len(self.running) < p.max_num_seqs:
+    def _schedule_waiting(self, plan: StepPlan, scheduled: dict, budget: list[int],
+                          threshold: int, prefill_scheduled: bool) -> None:
+        p, kv, waiting, spec = self.params, self.kv, self.waiting, self.spec
+        k, slots = spec.num_speculative_tokens, spec.draft_slots
+        skipped: list[Request] = []
+        while budget[0] > 0 and len(waiting):
+            if budget[1] <= slots or len(self.running) >= p.max_num_seqs:
+                break
             req = waiting.peek()
             hit_blocks, hit = kv.get_computed_blocks(req)
             if req.num_preemptions == 0:
                 req.cached_tokens = hit  # PrefillStats: the hit at the admitting lookup
+            request_budget = min(budget[0], budget[1] - slots)
             n = req.num_tokens - hit
+            padded = False
+            if (k and n == 1 and not prefill_scheduled and self.sem.pad_new_decode_to_spec_width
+                    and (scheduled or hit > 0) and hit + 1 + k + 1 <= p.max_model_len):
+                # vLLM pads a one-token admission to a full 1 + k verify row (placeholder
+                # drafts) to keep the decode batch uniform, if it fits max_model_len.
+                if 1 + k > request_budget:
+                    break  # rather not schedule than schedule it unpadded
+                n, padded = 1 + k, True
             if 0 < threshold < n:
                 n = threshold
-            if not p.enable_chunked_prefill and n > budget:
+            if not p.enable_chunked_prefill and n > request_budget:
                 break
-            n = min(n, budget)
-            if kv.allocate_slots(req, n, hit, hit_blocks, self.num_lookahead_tokens,
+            n = min(n, request_budget)
+            n = self._reserve_prefill_lookahead(req, hit, n)
+            if n == 0:  # can't end this chunk here: let the requests behind it go first
+                skipped.append(waiting.pop())
+                continue
+            if kv.allocate_slots(req, n, hit, hit_blocks, spec.num_lookahead_tokens,
                                  full_sequence_must_fit=p.scheduler_reserve_full_isl) is None:
                 break  # strict head-of-line blocking
             if kv.enable_caching:  # recorded at admission only, so blocked lookups don't count
@@ -221,38 +294,67 @@ class Scheduler:
             self.running.append(req)
             req.status = Status.RUNNING
             req.num_computed_tokens = hit
-            scheduled[req.req_id] = (req, n, hit)
-            budget -= n
+            scheduled[req.req_id] = Chunk(req, n, hit, k if padded else 0, padded)
+            budget[0] -= n
+            budget[1] -= n + slots
+        for req in reversed(skipped):  # back to the front, in their order
+            waiting.prepend(req)
 
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the blocks (they stay hashed), back to the waiting front."""
         self.kv.free(req)
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
+        req.num_draft_tokens = 0
         req.num_preemptions += 1
         self.waiting.prepend(req)
 
     # -- outcome -------------------------------------------------------------------------
 
-    def update_from_output(self, plan: StepPlan) -> tuple[list[Request], list[Request]]:
-        """Append one sampled token to each request that completed its chunk; finish and free
-        those that hit ``max_tokens`` or ``max_model_len``.
+    def update_from_output(self, plan: StepPlan, accept: Acceptance | None = None
+                           ) -> tuple[list[Request], list[Request]]:
+        """Apply a step's outcome. Each request whose chunk reached ``num_tokens`` samples one
+        token plus the drafts it accepts (``accept``; rejected drafts roll
+        ``num_computed_tokens`` back, their blocks stay); requests reaching ``max_tokens`` or
+        ``max_model_len`` finish and free their blocks; the others get ``k`` fresh drafts.
 
         Returns ``(requests that got their first token, requests that finished)``.
         """
         first: list[Request] = []
         finished: list[Request] = []
+        k = self.spec.num_speculative_tokens
         max_model_len = self.params.max_model_len
-        for req, _, _ in plan.scheduled:
+        for c in plan.scheduled:
+            req = c.req
             if req.is_prefill_chunk:
                 continue  # a partial prefill chunk samples nothing
-            req.num_output_tokens += 1
-            if req.num_output_tokens == 1:
+            num_new = 1
+            if c.num_spec_tokens:
+                accepted = 0 if c.padded or accept is None else accept(req, c.num_spec_tokens)
+                req.num_computed_tokens -= c.num_spec_tokens - accepted
+                num_new += accepted
+                if not c.padded:
+                    req.num_drafts_proposed += c.num_spec_tokens
+                    req.num_drafts_accepted += accepted
+                    req.num_verify_steps += 1
+            if req.num_output_tokens == 0:
                 first.append(req)
-            if req.num_tokens >= max_model_len or req.num_output_tokens >= req.max_tokens:
+            stopped = False
+            for i in range(1, num_new + 1):
+                req.num_output_tokens += 1
+                if req.num_tokens >= max_model_len or req.num_output_tokens >= req.max_tokens:
+                    req.num_computed_tokens -= num_new - i  # trimmed at the stop
+                    stopped = True
+                    break
+            if k:
+                # Accepted drafts are published now that they are verified.
+                self.kv.cache_blocks(req, req.num_computed_tokens)
+            if stopped:
                 req.status = Status.FINISHED
                 self.kv.free(req)
                 finished.append(req)
+            elif k:
+                req.num_draft_tokens = k
         if finished:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]

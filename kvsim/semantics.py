@@ -22,6 +22,15 @@ class Semantics:
     long_prefill_only_with_competition: bool
     # Default gpu_memory_utilization (vllm/config/cache.py).
     default_gpu_memory_utilization: float
+    # How EAGLE-family drafters (eagle, eagle3, mtp) keep prefix hits safe by default:
+    # "drop" the last matched block, or "lookahead" block hashes that also cover the next
+    # token(s) (0.33). The opt-out flags the release accepts, if any, are listed.
+    eagle_prefix_rule: str
+    has_disable_eagle_block_drop: bool
+    has_disable_lookahead_block_hashes: bool
+    # Scheduler pads a newly admitted request with one token left (a full prefix hit) to a
+    # 1 + k verify row of placeholder drafts.
+    pad_new_decode_to_spec_width: bool
 
 
 VERSIONS: dict[str, Semantics] = {
@@ -30,6 +39,10 @@ VERSIONS: dict[str, Semantics] = {
         free_unhashed_to_front=True,
         long_prefill_only_with_competition=True,
         default_gpu_memory_utilization=0.92,
+        eagle_prefix_rule="lookahead",
+        has_disable_eagle_block_drop=True,
+        has_disable_lookahead_block_hashes=True,
+        pad_new_decode_to_spec_width=True,
     ),
 }
 

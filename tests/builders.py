@@ -41,7 +41,7 @@ def step(sched: Scheduler) -> dict:
     first, finished = sched.update_from_output(plan)
     sched.kv.check_invariants()
     return {
-        "scheduled": {r.req_id: n for r, n, _ in plan.scheduled},
+        "scheduled": {c.req.req_id: c.num_new_tokens for c in plan.scheduled},
         "preempted": [r.req_id for r in plan.preempted],
         "finished": [r.req_id for r in finished],
         "queries": plan.prefix_cache.queries,

@@ -11,42 +11,109 @@ For one step with chunks ``(n new tokens, c tokens of context before them)``::
     time  = step_overhead_s + max(flops / (peak · compute_efficiency),
                                   bytes / (bandwidth · bandwidth_efficiency))
 
-``P_body`` is the parameter count less the embedding and LM-head matrices (2·V·h, capped at
-half the model). Tensor parallelism divides FLOPs, weights and KV heads across GPUs; no
-communication is charged. Efficiencies come from ``[cost]`` and are guesses until fitted
-(the calibration issue), so outputs label this model "uncalibrated".
+``P_body`` is the active parameter count (MoE: ``num_active_params``) less the embedding and
+LM-head matrices (2·V·h, capped at half the model); weight bytes count every parameter (all
+experts are read by a busy MoE step). Tensor parallelism divides FLOPs, weights and KV heads
+across GPUs; no communication is charged.
+
+Drafting is costed separately (``draft_time_s``), as passes of the drafter with the same
+roofline: EAGLE/EAGLE3/MTP heads are one average decoder layer (active parameters / layers)
+plus the shared LM head; a draft model is its own preset; ngram costs nothing.
+The first pass runs over every scheduled token (the drafter keeps its own KV in step with the
+target's), each of the other k − 1 passes over one row per sampling request.
+
+Efficiencies come from ``[cost]`` and are guesses until fitted (the calibration issue), so
+outputs label this model "uncalibrated".
 """
 
 from __future__ import annotations
 
-from kvsim.config import CostCfg, HardwareCfg, ModelCfg, kv_bytes_per_token
+from dataclasses import dataclass
+
+from kvsim import presets
+from kvsim.config import (
+    CostCfg,
+    HardwareCfg,
+    ModelCfg,
+    SpecCfg,
+    _build,
+    kv_bytes_per_token,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """Roofline coefficients of one forward pass of some stack of layers."""
+
+    linear_flops_per_token: float
+    lm_head_flops_per_row: float
+    attn_flops_per_pair: float
+    weight_bytes: float
+    kv_bytes_per_token: float
+
+    def time_s(self, chunks, num_rows: int, flops_per_s: float, bytes_per_s: float) -> float:
+        tokens = pairs = kv_read = 0.0
+        for n, c in chunks:
+            tokens += n
+            pairs += n * (c + (n + 1) / 2)
+            kv_read += c + n
+        flops = (self.linear_flops_per_token * tokens + self.lm_head_flops_per_row * num_rows
+                 + self.attn_flops_per_pair * pairs)
+        nbytes = self.weight_bytes + self.kv_bytes_per_token * (kv_read + tokens)
+        return max(flops / flops_per_s, nbytes / bytes_per_s)
+
+
+def _model_pass(model: ModelCfg, tp: int, kv_cache_dtype: str, num_layers: int | None = None,
+                body_params: float | None = None) -> _Pass:
+    lm = model.vocab_size * model.hidden_size
+    layers = num_layers or model.num_hidden_layers
+    if body_params is None:
+        body_params = max(model.active_params - 2 * lm, model.active_params // 2)
+        weight_params = model.num_params
+    else:
+        weight_params = body_params + lm
+    per_layer_kv = kv_bytes_per_token(model, kv_cache_dtype, tp) / model.num_hidden_layers
+    return _Pass(
+        linear_flops_per_token=2.0 * body_params / tp,
+        lm_head_flops_per_row=2.0 * lm / tp,
+        attn_flops_per_pair=4.0 * layers * model.num_attention_heads * model.head_dim / tp,
+        weight_bytes=weight_params * model.dtype_bytes / tp,
+        kv_bytes_per_token=per_layer_kv * layers,
+    )
 
 
 class RooflineCost:
     label = "roofline (uncalibrated)"
 
     def __init__(self, model: ModelCfg, hw: HardwareCfg, cost: CostCfg, tp: int,
-                 kv_cache_dtype: str = "auto"):
-        lm = model.vocab_size * model.hidden_size
-        body = max(model.num_params - 2 * lm, model.num_params // 2)
-        self.linear_flops_per_token = 2.0 * body / tp
-        self.lm_head_flops_per_row = 2.0 * lm / tp
-        self.attn_flops_per_pair = (4.0 * model.num_hidden_layers * model.num_attention_heads
-                                    * model.head_dim / tp)
-        self.weight_bytes = model.num_params * model.dtype_bytes / tp
-        self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp)
+                 kv_cache_dtype: str = "auto", spec: SpecCfg | None = None):
+        self.target = _model_pass(model, tp, kv_cache_dtype)
         self.flops_per_s = hw.peak_flops_per_s * cost.compute_efficiency
         self.bytes_per_s = hw.mem_bandwidth_bytes_per_s * cost.bandwidth_efficiency
         self.overhead_s = cost.step_overhead_s
+        self.drafter: _Pass | None = None
+        self.num_draft_passes = 0
+        if spec is not None and spec.enabled and spec.method != "ngram":
+            self.num_draft_passes = spec.num_speculative_tokens
+            if spec.method == "draft_model":
+                draft = model
+                if spec.draft_model:
+                    draft = _build(ModelCfg, {**presets.load("models", spec.draft_model)})
+                self.drafter = _model_pass(draft, tp, kv_cache_dtype)
+            else:
+                layer = self.target.linear_flops_per_token * tp / 2 / model.num_hidden_layers
+                self.drafter = _model_pass(model, tp, kv_cache_dtype, num_layers=1, body_params=layer)
 
     def step_time_s(self, chunks, num_sampled: int) -> float:
-        """Seconds for a step of ``chunks`` (pairs ``(n, c)``) producing ``num_sampled`` tokens."""
-        tokens = pairs = kv_read = 0.0
-        for n, c in chunks:
-            tokens += n
-            pairs += n * (c + (n + 1) / 2)
-            kv_read += c + n
-        flops = (self.linear_flops_per_token * tokens + self.lm_head_flops_per_row * num_sampled
-                 + self.attn_flops_per_pair * pairs)
-        nbytes = self.weight_bytes + self.kv_bytes_per_token * (kv_read + tokens)
-        return self.overhead_s + max(flops / self.flops_per_s, nbytes / self.bytes_per_s)
+        """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``)."""
+        return self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
+                                                    self.bytes_per_s)
+
+    def draft_time_s(self, chunks, num_sampled: int) -> float:
+        """Seconds the drafter adds to the step (0 without speculative decoding or for ngram)."""
+        if self.drafter is None or not num_sampled:
+            return 0.0
+        first = self.drafter.time_s(chunks, num_sampled, self.flops_per_s, self.bytes_per_s)
+        rest = self.drafter.time_s([(1, 0)] * num_sampled, num_sampled, self.flops_per_s,
+                                   self.bytes_per_s)
+        return first + (self.num_draft_passes - 1) * rest

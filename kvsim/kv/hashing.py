@@ -4,6 +4,11 @@ vLLM hashes ``(parent_hash, tuple(block_tokens), extra_keys)`` with sha256; kvsi
 equality, so it interns the same triple to a small integer. Two blocks get the same id
 exactly when their whole prefixes are equal, with no collisions. Only full blocks are hashed;
 a partial tail never is.
+
+With ``lookahead`` L > 0 (vLLM 0.33's lookahead block hashes for EAGLE-family drafters) the
+key of block i also holds the L tokens after it, so the block becomes hashable only once
+``num_tokens >= (i + 1) * block_size + L``: a block is reused only if what follows it matches
+too, which is what the drafter's KV at the block's last position depends on.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from kvsim.request import Request
 class BlockHasher:
     """Interns chained block keys to ints; one per simulated engine."""
 
-    __slots__ = ("block_size", "_ids")
+    __slots__ = ("block_size", "lookahead", "_ids")
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, lookahead: int = 0):
         self.block_size = block_size
+        self.lookahead = lookahead
         self._ids: dict[tuple, int] = {}
 
     def block_hashes(self, req: Request, num_blocks: int) -> list[int]:
@@ -27,11 +33,12 @@ class BlockHasher:
         """
         hashes = req.block_hashes
         b = self.block_size
-        limit = min(num_blocks, req.num_tokens // b)
+        la = self.lookahead
+        limit = min(num_blocks, (req.num_tokens - la) // b)
         ids = self._ids
         parent = hashes[-1] if hashes else None
         for i in range(len(hashes), limit):
-            key = (parent, req.token_window(i * b, (i + 1) * b))
+            key = (parent, req.token_window(i * b, (i + 1) * b + la))
             h = ids.get(key)
             if h is None:
                 h = len(ids)

@@ -24,12 +24,18 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(self, pool: BlockPool, block_size: int, max_model_len: int,
-                 enable_caching: bool):
+                 enable_caching: bool, eagle_drop: bool = False, hash_lookahead: int = 0,
+                 num_reprefillable: int = 0):
         self.pool = pool
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.hasher = BlockHasher(block_size)
+        # EAGLE/MTP without lookahead hashes: a hit gives back its last matched block, which
+        # the drafter must recompute (vLLM #17137).
+        self.eagle_drop = eagle_drop
+        # Multi-module MTP may re-prefill the last (prefill lookahead - 1) tokens: not cached.
+        self.num_reprefillable = num_reprefillable
+        self.hasher = BlockHasher(block_size, hash_lookahead)
         self.req_to_blocks: dict[str, list[Block]] = {}
         # Blocks of a request already published in the hash map (vLLM's num_cached_block);
         # present only once the request has been through cache_blocks or a hit.
@@ -49,6 +55,8 @@ class KVCacheManager:
             if blk is None:
                 break
             hit.append(blk)
+        if self.eagle_drop and hit:
+            hit.pop()
         return hit, len(hit) * b
 
     def num_blocks_to_allocate(self, req_id: str, num_tokens: int,
@@ -101,10 +109,13 @@ class KVCacheManager:
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Publish the hashes of the request's full blocks up to ``num_tokens``."""
         num_cached = self.num_cached_block.get(req.req_id, 0)
-        num_full = num_tokens // self.block_size
+        num_full = max(0, num_tokens - self.num_reprefillable) // self.block_size
         if num_cached >= num_full:
             return
         hashes = self.hasher.block_hashes(req, num_full)
+        num_full = min(num_full, len(hashes))  # lookahead hashes trail the tokens
+        if num_cached >= num_full:
+            return
         self.pool.cache_full_blocks(self.req_to_blocks[req.req_id], hashes, num_cached, num_full)
         self.num_cached_block[req.req_id] = num_full
 

@@ -82,10 +82,10 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
                 sched.update_from_output(plan)
                 continue
             raise InvariantError(f"kvsim stalled at step {step}")
-        for r, _, _ in plan.scheduled:
-            if r.first_scheduled_step is None:
-                r.first_scheduled_step = step
-        block_ids = {r.req_id: sched.kv.block_ids(r.req_id) for r, _, _ in plan.scheduled}
+        for c in plan.scheduled:
+            if c.req.first_scheduled_step is None:
+                c.req.first_scheduled_step = step
+        block_ids = {c.req.req_id: sched.kv.block_ids(c.req.req_id) for c in plan.scheduled}
         first, finished = sched.update_from_output(plan)
         for r in first:
             r.first_token_step = step
@@ -97,7 +97,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         pc = plan.prefix_cache
         steps.append({
             "step": step,
-            "scheduled": {r.req_id: n for r, n, _ in plan.scheduled},
+            "scheduled": {c.req.req_id: c.num_new_tokens for c in plan.scheduled},
             "preempted": sorted(r.req_id for r in plan.preempted),
             "block_ids": block_ids,
             "num_free_blocks": sched.kv.pool.num_free_blocks,

@@ -1,0 +1,168 @@
+"""Speculative decoding accounting, expectations from the reference (§1, §3.1, §5) and
+vLLM 0.33.0's scheduler.py / kv_cache_utils.py."""
+
+import pytest
+
+from kvsim.config import parse_scenario
+from kvsim.engine import build_scheduler
+from kvsim.request import ExplicitTokens, Request, RequestSpec
+from kvsim.specdec import Acceptance, spec_setup
+from tests.builders import run_until_done
+
+
+def sched_for(method="eagle", k=2, block_size=16, version="0.33.0", **spec):
+    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+           "engine": {"vllm_version": version, "block_size": block_size, "num_gpu_blocks": 2000,
+                      "max_model_len": 4096, "max_num_batched_tokens": 8192, "max_num_seqs": 64},
+           "speculative": {"method": method, **({"num_speculative_tokens": k} if method != "none" else {}),
+                           **spec}}
+    return build_scheduler(parse_scenario(raw))
+
+
+_seq = iter(range(10**9))
+
+
+def req(rid, tokens, max_tokens=1, accepted=None):
+    return Request(RequestSpec(rid, 0.0, ExplicitTokens(tuple(tokens)), max_tokens,
+                               accepted=accepted), next(_seq))
+
+
+def shared_prefix_hit(N, **kw):
+    s = sched_for(**kw)
+    s.add_request(req("A", range(1000)))
+    run_until_done(s)
+    b = req("B", [*range(N), *range(5000, 5000 + 1000 - N)])
+    s.add_request(b)
+    run_until_done(s)
+    return b.cached_tokens
+
+
+@pytest.mark.parametrize("kw, expected", [
+    # §3.1 "Shared prefix, measured" (b = 16): no spec / ngram rd(N, b); 0.33 eagle
+    # (lookahead hashes) rd(N-1, b); 0.33 with disable_lookahead_block_hashes: rd(N, b) - b.
+    ({"method": "none"}, (800, 800)),
+    ({"method": "ngram"}, (800, 800)),
+    ({"method": "draft_model"}, (800, 800)),
+    ({"method": "eagle"}, (784, 800)),
+    ({"method": "mtp", "k": 1}, (784, 800)),
+    ({"method": "eagle", "disable_lookahead_block_hashes": True}, (784, 784)),
+    ({"method": "eagle", "disable_eagle_block_drop": True}, (800, 800)),
+])
+def test_shared_prefix_hits_by_method_033(kw, expected):
+    assert (shared_prefix_hit(800, **kw), shared_prefix_hit(808, **kw)) == expected
+
+
+@pytest.mark.parametrize("L, expected", [(100, 96), (97, 96), (96, 80), (33, 32), (17, 16)])
+def test_repeat_with_lookahead_hashes_matches_no_spec(L, expected):
+    # §3.1 table, last column (0.33 eagle, lookahead hashes; first request generated 20 tokens).
+    s = sched_for(method="eagle")
+    s.add_request(req("A", range(L), max_tokens=20))
+    run_until_done(s)
+    b = req("B", range(L))
+    s.add_request(b)
+    run_until_done(s)
+    assert b.cached_tokens == expected
+
+
+def test_eagle_worked_trace_of_section_1():
+    # §1: b = 16, EAGLE k = 2, 30-token prompt. Step 1 schedules 30 (slots 32: 2 blocks);
+    # 2 drafts; step 2 schedules 31 + 2 - 30 = 3, slots 35: 3 blocks; 1 of 2 accepted ->
+    # computed 33 - 1 = 32, L = 33; step 3 schedules 33 + 2 - 32 = 3.
+    s = sched_for(method="eagle", k=2)
+    r = req("R", range(30), max_tokens=10)
+    s.add_request(r)
+    plan = s.schedule()
+    assert [c.num_new_tokens for c in plan.scheduled] == [30]
+    assert len(s.kv.block_ids("R")) == 2
+    s.update_from_output(plan, lambda _r, n: 1)
+    assert (r.num_computed_tokens, r.num_tokens, r.num_draft_tokens) == (30, 31, 2)
+    plan = s.schedule()
+    assert [(c.num_new_tokens, c.num_spec_tokens) for c in plan.scheduled] == [(3, 2)]
+    assert len(s.kv.block_ids("R")) == 3
+    s.update_from_output(plan, lambda _r, n: 1)
+    assert (r.num_computed_tokens, r.num_tokens) == (32, 33)
+    plan = s.schedule()
+    assert [c.num_new_tokens for c in plan.scheduled] == [3]
+    s.kv.check_invariants()
+
+
+def test_rejected_drafts_keep_their_blocks():
+    # b = 4, k = 3 (eagle: 3 lookahead slots). Prompt 4: step 0 slots 4 + 3 = 7 -> 2 blocks.
+    # Step 1 verifies 3 drafts (4 tokens), slots 4 + 4 + 3 = 11 -> 3 blocks; all rejected:
+    # computed back to 5, but the 3 blocks stay.
+    s = sched_for(method="eagle", k=3, block_size=4)
+    r = req("R", range(4), max_tokens=50)
+    s.add_request(r)
+    s.update_from_output(s.schedule(), lambda _r, n: 0)
+    assert len(s.kv.block_ids("R")) == 2
+    s.update_from_output(s.schedule(), lambda _r, n: 0)
+    assert (r.num_computed_tokens, r.num_tokens, len(s.kv.block_ids("R"))) == (5, 6, 3)
+    s.kv.check_invariants()
+
+
+def test_full_hit_admission_is_padded_to_a_verify_row():
+    # 0.33 pads a newly admitted request with one token left (a full prefix hit while others
+    # run) to 1 + k tokens of placeholder drafts, which are never accepted.
+    # A (65 tokens) caches 4 full blocks; B repeats it: hit rd(64, 16) = 64, one token left,
+    # A already scheduled in this step -> B gets 1 + 2 tokens, 2 of them placeholders.
+    s = sched_for(method="eagle", k=2)
+    s.add_request(req("A", range(65), max_tokens=30))
+    s.update_from_output(s.schedule(), lambda _r, n: n)
+    b = req("B", range(65), max_tokens=3)
+    s.add_request(b)
+    plan = s.schedule()
+    chunk = {c.req.req_id: c for c in plan.scheduled}["B"]
+    assert (b.cached_tokens, chunk.num_new_tokens, chunk.num_spec_tokens, chunk.padded) == (64, 3, 2, True)
+    s.update_from_output(plan, lambda _r, n: n)  # placeholders are rejected whatever the model
+    assert (b.num_computed_tokens, b.num_tokens) == (65, 66)
+
+
+def test_max_tokens_trims_accepted_drafts():
+    s = sched_for(method="eagle", k=3)
+    r = req("R", range(20), max_tokens=3)
+    s.add_request(r)
+    s.update_from_output(s.schedule(), lambda _r, n: n)  # 1 token
+    first, finished = s.update_from_output(s.schedule(), lambda _r, n: n)  # 3 accepted + 1
+    assert finished == [r] and r.num_output_tokens == 3
+
+
+def test_acceptance_models():
+    sc = parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+                         "speculative": {"method": "eagle", "num_speculative_tokens": 4,
+                                         "acceptance": "fixed", "num_accepted": 3}})
+    a = Acceptance(sc.speculative, 0)
+    r = req("R", [1])
+    assert (a(r, 4), a(r, 2)) == (3, 2)
+    trace = Acceptance(parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+                                       "speculative": {"method": "eagle", "num_speculative_tokens": 4,
+                                                       "acceptance": "trace"}}).speculative, 0)
+    t = req("T", [1], accepted=(2, 0, 4))
+    got = []
+    for _ in range(4):
+        got.append(trace(t, 4))
+        t.num_verify_steps += 1
+    assert got == [2, 0, 4, 2]
+    rates = parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+                            "speculative": {"method": "eagle", "num_speculative_tokens": 3,
+                                            "acceptance_rates": [0.9, 0.5]}}).speculative
+    pp = Acceptance(rates, 5)
+    draws = [pp(req(f"p{i}", [1]), 3) for i in range(4000)]
+    # P(>=1) = 0.9, P(>=2) = 0.45, P(3) = 0.225 (last rate repeats): mean 1.575.
+    assert abs(sum(draws) / len(draws) - 1.575) < 0.05
+    assert all(0 <= d <= 3 for d in draws)
+
+
+def test_spec_setup_by_method():
+    def setup(method, k=3, **kw):
+        raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+               "speculative": {"method": method, "num_speculative_tokens": k, **kw}}
+        return spec_setup(parse_scenario(raw))
+    e = setup("eagle")
+    assert (e.params.num_lookahead_tokens, e.params.draft_slots) == (3, 0)
+    assert (e.hash_lookahead, e.eagle_drop) == (1, False)
+    d = setup("draft_model")
+    assert (d.params.num_lookahead_tokens, d.params.draft_slots, d.eagle_drop) == (3, 1, False)
+    n = setup("ngram")
+    assert (n.params.num_lookahead_tokens, n.params.draft_slots, n.hash_lookahead) == (0, 0, 0)
+    p = setup("eagle3", parallel_drafting=True)
+    assert p.params.draft_slots == 2
