@@ -18,6 +18,7 @@ from typing import Any
 
 from kvsim import presets
 from kvsim.errors import ConfigError
+from kvsim.kv.hybrid import GroupSpec
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
 
 GiB = 1 << 30
@@ -117,6 +118,18 @@ ENGINE_KEYS = (
     Key("scheduler_reserve_full_isl", "bool", True, "Admit a waiting request only if its whole "
         "prompt fits in free blocks."),
     Key("async_scheduling", "bool", False, "Asynchronous scheduling (not modelled yet: must be false)."),
+    Key("kv_groups", "groups", None, "Hybrid layout: a list of `[[engine.kv_groups]]` tables (keys "
+        "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool."),
+)
+
+GROUP_KEYS = (
+    Key("kind", "str", REQUIRED, "`full_attention` or `sliding_window` (`mamba`: not modelled yet).",
+        choices=("full_attention", "sliding_window", "mamba")),
+    Key("block_size", "int", REQUIRED, "Tokens per block of this group.", low=1),
+    Key("sliding_window", "int", None, "Window in tokens (sliding_window groups only).", low=1),
+    Key("eagle", "bool", False, "Holds the drafter's layer (EAGLE/MTP). With an EAGLE-family "
+        "method and no group marked, every group is, as in vLLM."),
+    Key("num_layers", "int", None, "Layers in this group (memory estimate only).", low=1),
 )
 
 SPEC_METHODS = ("none", "ngram", "eagle", "eagle3", "mtp", "draft_model")
@@ -241,6 +254,7 @@ class EngineCfg:
     scheduling_policy: str
     scheduler_reserve_full_isl: bool
     async_scheduling: bool
+    kv_groups: tuple[GroupSpec, ...] | None = None
 
     @property
     def semantics(self) -> Semantics:
@@ -321,8 +335,39 @@ def _suggest(name: str, known: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _check_groups(where: str, value: Any) -> tuple:
+    if not isinstance(value, list) or not value or not all(isinstance(g, dict) for g in value):
+        raise ConfigError(where, "must be a list of tables ([[engine.kv_groups]])")
+    keys = {k.name: k for k in GROUP_KEYS}
+    out = []
+    for i, table in enumerate(value):
+        w = f"{where}[{i}]"
+        for name in table:
+            if name not in keys:
+                raise ConfigError(f"{w}.{name}", f"unknown key{_suggest(name, list(keys))}")
+        g = {}
+        for k in GROUP_KEYS:
+            if k.name in table:
+                g[k.name] = _check_value(f"{w}.{k.name}", k, table[k.name])
+            elif k.default is REQUIRED:
+                raise ConfigError(f"{w}.{k.name}", "missing")
+            else:
+                g[k.name] = k.default
+        if g["kind"] == "mamba":
+            raise ConfigError(f"{w}.kind", "mamba groups are not modelled yet")
+        if (g["kind"] == "sliding_window") != (g["sliding_window"] is not None):
+            raise ConfigError(f"{w}.sliding_window", "required for a sliding_window group"
+                              if g["kind"] == "sliding_window" else "only for sliding_window groups")
+        out.append(GroupSpec(kind=g["kind"], block_size=g["block_size"],
+                             sliding_window=g["sliding_window"] or 0, eagle=g["eagle"],
+                             num_layers=g["num_layers"]))
+    return tuple(out)
+
+
 def _check_value(where: str, key: Key, value: Any) -> Any:
     t = key.type
+    if t == "groups":
+        return _check_groups(where, value)
     if t == "floats":
         if (not isinstance(value, list) or not value
                 or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)):
@@ -464,7 +509,17 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if e["long_prefill_token_threshold"] > mml:
         raise ConfigError(f"{where}.long_prefill_token_threshold",
                           f"{e['long_prefill_token_threshold']} exceeds max_model_len ({mml})")
-    block_bytes = kv_bytes_per_token(model, e["kv_cache_dtype"], tp) * e["block_size"]
+    groups = e["kv_groups"]
+    if groups:
+        # vLLM's hybrid allocator gives every group the same number of layers, and one block id
+        # spans one page in each of those layers: per block id, a group's worth of layers.
+        per_layer = kv_bytes_per_token(model, e["kv_cache_dtype"], tp) / model.num_hidden_layers
+        layers = max((g.num_layers or 0 for g in groups), default=0) or -(-model.num_hidden_layers
+                                                                         // len(groups))
+        block_bytes = int(per_layer * max(g.block_size for g in groups) * layers)
+        e["block_size"] = math.lcm(*(g.block_size for g in groups))
+    else:
+        block_bytes = kv_bytes_per_token(model, e["kv_cache_dtype"], tp) * e["block_size"]
     derived = e["num_gpu_blocks"] is None
     if derived:
         if e["kv_cache_memory_bytes"] is not None:
@@ -481,7 +536,10 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                                   "gpu_memory_utilization, or set num_gpu_blocks")
         e["num_gpu_blocks"] = int(avail // block_bytes)
     usable = e["num_gpu_blocks"] - 1
-    needed = -(-mml // e["block_size"])
+    if groups:
+        needed = sum(g.max_blocks_per_request(mml, mnbt) for g in groups)
+    else:
+        needed = -(-mml // e["block_size"])
     if needed > usable:
         raise ConfigError(f"{where}.max_model_len",
                           f"one request of max_model_len {mml} needs {needed} blocks but the pool has "
@@ -622,8 +680,18 @@ def resolved_toml(sc: Scenario) -> str:
                 continue
             if section == "speculative" and key.name != "method" and not sc.speculative.enabled:
                 continue
+            if key.type == "groups":
+                continue  # written as [[engine.kv_groups]] tables below
             lines.append(f"{key.name} = {_toml_value(v)}")
         lines.append("")
+        if section == "engine" and sc.engine.kv_groups:
+            for g in sc.engine.kv_groups:
+                lines.append("[[engine.kv_groups]]")
+                for k in GROUP_KEYS:
+                    v = getattr(g, k.name)
+                    if v is not None and not (k.name == "sliding_window" and g.kind != "sliding_window"):
+                        lines.append(f"{k.name} = {_toml_value(v)}")
+                lines.append("")
     return "\n".join(lines)
 
 
@@ -642,4 +710,13 @@ def schema_markdown() -> str:
             kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
             out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
         out.append("")
+        if section == "engine":
+            out += ["#### [[engine.kv_groups]]", "", "| key | type | default | meaning |",
+                    "|---|---|---|---|"]
+            for k in GROUP_KEYS:
+                default = "required" if k.default is REQUIRED else (
+                    "none" if k.default is None else f"`{_toml_value(k.default)}`")
+                kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
+                out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
+            out.append("")
     return "\n".join(out)

@@ -17,6 +17,7 @@ import simpy
 from kvsim.config import Scenario
 from kvsim.cost import COST_MODELS
 from kvsim.errors import InvariantError
+from kvsim.kv.hybrid import HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager
 from kvsim.kv.pool import BlockPool
 from kvsim.request import Request, RequestSpec
@@ -63,9 +64,16 @@ def build_scheduler(sc: Scenario) -> Scheduler:
     sem = e.semantics
     spec = spec_setup(sc)
     pool = BlockPool(e.num_gpu_blocks, e.enable_prefix_caching, sem.free_unhashed_to_front)
-    kv = KVCacheManager(pool, e.block_size, e.max_model_len, e.enable_prefix_caching,
-                        eagle_drop=spec.eagle_drop, hash_lookahead=spec.hash_lookahead,
-                        num_reprefillable=spec.num_reprefillable)
+    if e.kv_groups:
+        kv = HybridKVCacheManager(
+            pool, list(e.kv_groups), e.max_model_len, e.enable_prefix_caching,
+            eagle_family=sc.speculative.eagle_family, eagle_drop=spec.eagle_drop,
+            hash_lookahead=spec.hash_lookahead, num_reprefillable=spec.num_reprefillable,
+            max_in_flight_tokens=e.max_num_batched_tokens, rules=sem.hybrid)
+    else:
+        kv = KVCacheManager(pool, e.block_size, e.max_model_len, e.enable_prefix_caching,
+                            eagle_drop=spec.eagle_drop, hash_lookahead=spec.hash_lookahead,
+                            num_reprefillable=spec.num_reprefillable)
     params = SchedulerParams(
         max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
         max_model_len=e.max_model_len, enable_chunked_prefill=e.enable_chunked_prefill,

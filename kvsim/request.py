@@ -93,7 +93,7 @@ class Request:
         "max_tokens", "output_token_id", "num_output_tokens", "num_computed_tokens", "status",
         "is_prefill_chunk", "num_preemptions", "block_hashes", "cached_tokens",
         "num_draft_tokens", "num_drafts_proposed", "num_drafts_accepted", "num_verify_steps",
-        "accepted_trace",
+        "accepted_trace", "group_keys",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_token_s", "finish_s",
     )
@@ -120,6 +120,7 @@ class Request:
         self.num_drafts_accepted = 0
         self.num_verify_steps = 0
         self.accepted_trace = spec.accepted
+        self.group_keys: dict[int, list[int]] = {}  # hybrid layouts: per-group block keys
         self.join_step: int | None = None
         self.first_scheduled_step: int | None = None
         self.first_token_step: int | None = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvsim.kv.hybrid import HybridRules
+
 
 @dataclass(frozen=True, slots=True)
 class Semantics:
@@ -31,6 +33,8 @@ class Semantics:
     # Scheduler pads a newly admitted request with one token left (a full prefix hit) to a
     # 1 + k verify row of placeholder drafts.
     pad_new_decode_to_spec_width: bool
+    # Write rules of the hybrid (several KV groups) coordinator.
+    hybrid: HybridRules
 
 
 VERSIONS: dict[str, Semantics] = {
@@ -43,6 +47,7 @@ VERSIONS: dict[str, Semantics] = {
         has_disable_eagle_block_drop=True,
         has_disable_lookahead_block_hashes=True,
         pad_new_decode_to_spec_width=True,
+        hybrid=HybridRules(eagle_caches_extra_block=True, swa_mask_keeps_eagle_block=True),
     ),
 }
 

@@ -29,7 +29,11 @@ def build_requests(sc: Scenario) -> list[RequestSpec]:
         specs = specs[: sc.run.max_requests]
     specs = sorted(specs, key=lambda s: s.arrival_s)  # stable: ties keep their order
     mml = sc.engine.max_model_len
+    needs_trace = sc.speculative.enabled and sc.speculative.acceptance == "trace"
     for s in specs:
+        if needs_trace and s.accepted is None:
+            raise ConfigError(f"{where}: request {s.req_id}", "speculative.acceptance = 'trace' "
+                              "needs an 'accepted' list on every request")
         if len(s.prompt) >= mml:
             raise ConfigError(f"{where}: request {s.req_id}",
                               f"prompt of {len(s.prompt)} tokens plus at least one output token "

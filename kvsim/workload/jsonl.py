@@ -2,7 +2,7 @@
 
     {"arrival_s": 0.5, "max_tokens": 64, "prompt_token_ids": [1, 2, 3]}
     {"arrival_s": 0.7, "max_tokens": 64, "prompt_segments": [[1, 3], [900, 40]],
-     "req_id": "user7-turn2", "priority": 0}
+     "req_id": "user7-turn2", "priority": 0, "accepted": [2, 0, 3]}
 
 ``prompt_segments`` lists ``[first_token_id, length]`` runs whose concatenation is the prompt,
 so long shared prefixes cost a few numbers. Token ids are any non-negative integers.
@@ -17,7 +17,8 @@ from pathlib import Path
 from kvsim.errors import ConfigError
 from kvsim.request import ExplicitTokens, RequestSpec, SegmentTokens
 
-FIELDS = ("arrival_s", "max_tokens", "prompt_token_ids", "prompt_segments", "req_id", "priority")
+FIELDS = ("arrival_s", "max_tokens", "prompt_token_ids", "prompt_segments", "req_id", "priority",
+          "accepted")
 
 
 def _int(v) -> bool:
@@ -45,6 +46,11 @@ def _parse_line(obj, where: str, index: int) -> RequestSpec:
     req_id = obj.get("req_id", str(index))
     if isinstance(req_id, bool) or not isinstance(req_id, str | int):
         raise ConfigError(where, f"req_id must be a string or an integer, got {req_id!r}")
+    accepted = obj.get("accepted")
+    if accepted is not None and (not isinstance(accepted, list) or not accepted
+                                 or not all(_int(a) and a >= 0 for a in accepted)):
+        raise ConfigError(where, "accepted must be a non-empty list of non-negative integers "
+                          "(drafts accepted at each verify step)")
     ids, segs = obj.get("prompt_token_ids"), obj.get("prompt_segments")
     if (ids is None) == (segs is None):
         raise ConfigError(where, "give exactly one of prompt_token_ids and prompt_segments")
@@ -64,7 +70,8 @@ def _parse_line(obj, where: str, index: int) -> RequestSpec:
                                   "length >= 1]")
         prompt = SegmentTokens([(f, n) for f, n in segs])
     return RequestSpec(req_id=str(req_id), arrival_s=float(arrival), prompt=prompt,
-                       max_tokens=max_tokens, priority=priority)
+                       max_tokens=max_tokens, priority=priority,
+                       accepted=tuple(accepted) if accepted else None)
 
 
 def read_kvsim_jsonl(path: Path) -> list[RequestSpec]:

@@ -1,0 +1,409 @@
+"""Hybrid KV-cache layouts: several KV groups (full attention, sliding window) on one pool.
+
+Mirrors vLLM's ``HybridKVCacheCoordinator`` and its per-type managers:
+
+* hashes are computed at ``H = gcd(block sizes)``; a group with ``b_g = s·H`` keys its block
+  ``j`` by the ``s`` fine hashes it spans, and every map key carries the group id;
+* hits are aligned to ``U = lcm(block sizes)`` (the scheduler block size) and found by a
+  fixed-point intersection: full attention first (looked up once: it is downward-closed), then
+  each other group accepts or shortens the candidate, until nothing shortens it (one pass for
+  a "simple hybrid": one full-attention group plus one other);
+* a sliding-window group needs only the ``cdiv(w − 1, b)`` blocks before the hit end, so it
+  scans right to left and pads the skipped prefix with the null block; blocks that slide out
+  of the window are freed mid-request;
+* EAGLE groups (drop mode) look one block further, then drop it; writes are rounded down to
+  ``U`` (plus, where the release caches it, the one block past ``U`` an EAGLE group needs);
+  a sliding-window group only publishes the blocks a future aligned hit can use.
+
+Every group draws on the same ``BlockPool``; each group keeps its own block tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd, lcm
+
+from kvsim.kv.hashing import BlockHasher
+from kvsim.kv.pool import Block, BlockPool
+from kvsim.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """One KV-cache group: ``kind`` is ``full_attention`` or ``sliding_window``."""
+
+    kind: str
+    block_size: int
+    sliding_window: int = 0
+    eagle: bool = False  # holds the drafter's layer
+    num_layers: int | None = None  # memory estimate only
+
+    def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        """Blocks one ``max_model_len`` request can hold (a window recycles its blocks)."""
+        if self.kind == "sliding_window":
+            tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
+            return min(cdiv(max_model_len, self.block_size), cdiv(tokens, self.block_size) + 1)
+        return cdiv(max_model_len, self.block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class HybridRules:
+    """Release-specific write rules of the hybrid coordinator."""
+
+    # Fixed releases cache, for an EAGLE group, one block past the U-aligned boundary.
+    eagle_caches_extra_block: bool = True
+    # Fixed releases keep that extra block in the sliding-window cache mask (#44082).
+    swa_mask_keeps_eagle_block: bool = True
+
+
+class _Group:
+    """Per-group state: block tables and how many of each table's blocks are published."""
+
+    def __init__(self, gid: int, spec: GroupSpec):
+        self.gid = gid
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.tables: dict[str, list[Block]] = {}
+        self.num_cached: dict[str, int] = {}
+        self.use_eagle = False  # set by the coordinator: drop-mode EAGLE group
+
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        if self.spec.kind == "sliding_window":
+            return max(0, num_computed - self.spec.sliding_window + 1)
+        return 0
+
+    def contiguous_blocks_for_hit(self, use_eagle: bool) -> int:
+        return cdiv(self.spec.sliding_window - 1, self.block_size) + (1 if use_eagle else 0)
+
+
+class HybridKVCacheManager:
+    """The KV manager interface of ``KVCacheManager`` for several groups."""
+
+    def __init__(self, pool: BlockPool, groups: list[GroupSpec], max_model_len: int,
+                 enable_caching: bool, eagle_family: bool = False, eagle_drop: bool = False,
+                 hash_lookahead: int = 0, num_reprefillable: int = 0,
+                 max_in_flight_tokens: int = 0, rules: HybridRules = HybridRules()):
+        self.pool = pool
+        self.groups = [_Group(i, g) for i, g in enumerate(groups)]
+        sizes = [g.block_size for g in groups]
+        self.hash_block_size = gcd(*sizes)
+        self.block_size = lcm(*sizes)  # U: the scheduler block size and hit alignment
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.num_reprefillable = num_reprefillable
+        self.max_in_flight_tokens = max_in_flight_tokens
+        self.rules = rules
+        self.hasher = BlockHasher(self.hash_block_size, hash_lookahead)
+        self._coarse: dict[tuple, int] = {}
+        # Flag groups holding the drafter; with none marked vLLM flags them all.
+        flagged = {i for i, g in enumerate(groups) if g.eagle} if eagle_family else set()
+        if eagle_family and not flagged:
+            flagged = set(range(len(groups)))
+        drop_groups = flagged if eagle_drop else set()
+        # Attention groups: groups with equal specs are looked up together.
+        attn: list[list] = []  # [spec key, gids, use_eagle]
+        for g in self.groups:
+            key = (g.spec.kind, g.spec.block_size, g.spec.sliding_window)
+            for entry in attn:
+                if entry[0] == key:
+                    entry[1].append(g.gid)
+                    entry[2] = entry[2] or g.gid in drop_groups
+                    break
+            else:
+                attn.append([key, [g.gid], g.gid in drop_groups])
+        attn.sort(key=lambda e: e[0][0] != "full_attention")  # full attention first (stable)
+        self.attention_groups = [(e[0][0], e[1], e[2]) for e in attn]
+        for _, gids, use_eagle in self.attention_groups:
+            for gid in gids:
+                self.groups[gid].use_eagle = use_eagle
+        self.is_simple_hybrid = (len(self.attention_groups) == 2
+                                 and self.attention_groups[0][0] == "full_attention")
+        if not enable_caching:
+            self.attention_groups = []
+
+    # -- hashes --------------------------------------------------------------------------
+
+    def _group_keys(self, req: Request, g: _Group) -> list[int]:
+        """The request's block keys for group ``g`` (group id folded in), extended lazily."""
+        fine = self.hasher.block_hashes(req, 1 << 62)
+        keys = req.group_keys.setdefault(g.gid, [])
+        s = g.block_size // self.hash_block_size
+        num_groups = len(self.groups)
+        for j in range(len(keys), len(fine) // s):
+            if s == 1:
+                h = fine[j]
+            else:
+                span = tuple(fine[j * s:(j + 1) * s])
+                h = self._coarse.get(span)
+                if h is None:  # coarse ids are negative: never equal to a fine id
+                    h = self._coarse[span] = -1 - len(self._coarse)
+            keys.append(h * num_groups + g.gid)
+        return keys
+
+    def _cached(self, keys_by_gid: dict[int, list[int]], gids: list[int], j: int) -> list[Block] | None:
+        out = []
+        for gid in gids:
+            keys = keys_by_gid[gid]
+            blk = self.pool.get_cached_block(keys[j]) if j < len(keys) else None
+            if blk is None:
+                return None
+            out.append(blk)
+        return out
+
+    # -- prefix lookup -------------------------------------------------------------------
+
+    def _full_attention_hit(self, keys, gids, max_length, drop, b):
+        U = self.block_size
+        blocks = {gid: [] for gid in gids}
+        for j in range(max_length // b):
+            cached = self._cached(keys, gids, j)
+            if cached is None:
+                break
+            for gid, blk in zip(gids, cached):
+                blocks[gid].append(blk)
+        hit = len(blocks[gids[0]]) * b
+        if drop and hit > 0:
+            hit -= min(U, b)
+        hit -= hit % U
+        n = cdiv(hit, b)
+        for lst in blocks.values():
+            del lst[n:]
+        return blocks, hit
+
+    def _sliding_window_hit(self, keys, gids, max_length, drop, g: _Group):
+        U, b, null = self.block_size, g.block_size, self.pool.null_block
+        need = g.contiguous_blocks_for_hit(drop)
+        max_blocks = max_length // b
+        blocks = {gid: [null] * max_blocks for gid in gids}
+        run, found = 0, False
+        for i in range(max_blocks - 1, -1, -1):
+            cached = self._cached(keys, gids, i)
+            if cached is None:
+                run = 0
+                continue
+            if run == 0 and b != U and (((i if drop else i + 1) * b) % U):
+                continue  # a run may only end where the (post-drop) length is aligned
+            for gid, blk in zip(gids, cached):
+                blocks[gid][i] = blk
+            run += 1
+            if run >= need:
+                for lst in blocks.values():
+                    del lst[i + run:]
+                found = True
+                break
+        first = blocks[gids[0]]
+        if not found:  # fall back to the leading run, re-aligned
+            for lst in blocks.values():
+                del lst[run:]
+            while b != U and len(first) * b % U:
+                for lst in blocks.values():
+                    lst.pop()
+        if drop and first:
+            for lst in blocks.values():
+                lst.pop()
+            while b != U and len(first) * b % U:
+                for lst in blocks.values():
+                    lst.pop()
+        return blocks, len(first) * b
+
+    def get_computed_blocks(self, req: Request) -> tuple[dict[int, list[Block]], int]:
+        """Fixed-point intersection of every group's hit (vLLM's hybrid coordinator). Pure."""
+        if not self.attention_groups:
+            return {}, 0
+        keys = {g.gid: self._group_keys(req, g) for g in self.groups}
+        num_hashed = len(req.block_hashes) * self.hash_block_size
+        hit_length = req.num_tokens - 1
+        by_group: dict[int, list[Block]] = {}
+        len_by_group: dict[int, int] = {}
+        verified: set[int] = set()
+        while True:
+            curr = hit_length
+            for idx, (kind, gids, use_eagle) in enumerate(self.attention_groups):
+                g = self.groups[gids[0]]
+                if kind == "full_attention" and gids[0] in by_group:
+                    curr = min(curr, len_by_group[gids[0]])  # downward-closed: trim only
+                    continue
+                drop = use_eagle and idx not in verified
+                max_length = min(curr + g.block_size, num_hashed) if drop else curr
+                if kind == "full_attention":
+                    blocks, new = self._full_attention_hit(keys, gids, max_length, drop, g.block_size)
+                else:
+                    blocks, new = self._sliding_window_hit(keys, gids, max_length, drop, g)
+                if drop:
+                    verified.add(idx)
+                elif new < curr:
+                    verified.clear()
+                curr = new
+                for gid in gids:
+                    by_group[gid] = blocks[gid]
+                    len_by_group[gid] = new
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if self.is_simple_hybrid:
+                break
+        for kind, gids, _ in self.attention_groups:
+            if kind == "full_attention":
+                n = cdiv(hit_length, self.groups[gids[0]].block_size)
+                for gid in gids:
+                    del by_group[gid][n:]
+        return by_group, hit_length
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def _blocks_to_allocate(self, g: _Group, req_id: str, num_tokens: int, hit: list[Block],
+                            total_computed: int, admission_cap: bool) -> int:
+        required = cdiv(num_tokens, g.block_size)
+        if admission_cap and g.spec.kind == "sliding_window":
+            cap_tokens = min(g.spec.sliding_window - 1 + self.max_in_flight_tokens, self.max_model_len)
+            required = min(required, cdiv(cap_tokens, g.block_size) + 1)  # vLLM's admission cap
+        held = len(g.tables.get(req_id, ()))
+        if req_id in g.num_cached:
+            return max(required - held, 0)
+        skipped = g.num_skipped_tokens(total_computed) // g.block_size
+        num_new = max(required - max(skipped, len(hit) + held), 0)
+        skip_hit = max(0, skipped - held)
+        return num_new + sum(1 for blk in hit[skip_hit:]
+                             if blk.ref_cnt == 0 and blk is not self.pool.null_block)
+
+    def num_blocks_to_allocate(self, req_id: str, num_tokens: int, hit: dict, total_computed: int = 0,
+                               admission_cap: bool = False) -> int:
+        return sum(self._blocks_to_allocate(g, req_id, num_tokens, hit.get(g.gid, []),
+                                            total_computed, admission_cap) for g in self.groups)
+
+    def remove_skipped_blocks(self, req_id: str, num_computed: int) -> None:
+        """Free the blocks that slid out of each window (newest first), leaving null blocks."""
+        null = self.pool.null_block
+        for g in self.groups:
+            skipped = g.num_skipped_tokens(num_computed)
+            table = g.tables.get(req_id)
+            if skipped <= 0 or table is None:
+                continue
+            freed = []
+            for i in range(min(skipped // g.block_size, len(table)) - 1, -1, -1):
+                if table[i] is null:
+                    break
+                freed.append(table[i])
+                table[i] = null
+            if freed:
+                self.pool.free_blocks(freed)
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: dict | None = None, num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> list[Block] | None:
+        """As ``KVCacheManager.allocate_slots``, for every group at once."""
+        hit = new_computed_blocks or {}
+        local = req.num_computed_tokens + num_new_computed_tokens
+        total = min(local, self.max_model_len)
+        if full_sequence_must_fit:
+            full = min(req.num_tokens, self.max_model_len)
+            if self.num_blocks_to_allocate(req.req_id, full, hit, total, True) > self.pool.num_free_blocks:
+                return None
+        need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        self.remove_skipped_blocks(req.req_id, total)  # even if the allocation then fails
+        if self.num_blocks_to_allocate(req.req_id, need, hit, local) > self.pool.num_free_blocks:
+            return None
+        null = self.pool.null_block
+        if any(hit.values()):
+            for g in self.groups:  # touch every group's hit before allocating any block
+                table = g.tables.setdefault(req.req_id, [])
+                blocks = hit.get(g.gid, [])
+                skipped = g.num_skipped_tokens(local) // g.block_size
+                blocks = blocks[skipped:]
+                self.pool.touch(b for b in blocks if b is not null)
+                table.extend([null] * skipped)
+                table.extend(blocks)
+                g.num_cached[req.req_id] = len(table)
+        new_blocks = []
+        for g in self.groups:
+            table = g.tables.setdefault(req.req_id, [])
+            n = cdiv(need, g.block_size) - len(table)
+            if n > 0:
+                got = self.pool.get_new_blocks(n)
+                table.extend(got)
+                new_blocks.extend(got)
+        if self.enable_caching:
+            self.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
+        return new_blocks
+
+    # -- caching -------------------------------------------------------------------------
+
+    def _cacheable_tokens(self, g: _Group, num_computed: int) -> int:
+        U = self.block_size
+        aligned = num_computed - num_computed % U
+        if g.use_eagle and aligned > 0 and self.rules.eagle_caches_extra_block:
+            fin = max(0, num_computed - self.num_reprefillable)
+            return min(fin, fin - fin % U + g.block_size)
+        return aligned
+
+    def _mask(self, g: _Group, start: int, end: int) -> list[bool] | None:
+        """Sliding window: publish only the blocks a future U-aligned hit can read."""
+        if g.spec.kind != "sliding_window":
+            return None
+        b, U = g.block_size, self.block_size
+        use_eagle = g.use_eagle and self.rules.swa_mask_keeps_eagle_block
+        need = g.contiguous_blocks_for_hit(use_eagle)
+        per_segment = U // b
+        if need >= per_segment:
+            return None
+        shift = 1 if use_eagle else 0
+        return [i >= shift and (i - shift) % per_segment >= per_segment - need
+                for i in range(start, end)]
+
+    def cache_blocks(self, req: Request, num_computed: int) -> None:
+        if not self.enable_caching:
+            return
+        for g in self.groups:
+            keys = self._group_keys(req, g)
+            num_cached = g.num_cached.get(req.req_id, 0)
+            num_full = min(self._cacheable_tokens(g, num_computed) // g.block_size, len(keys))
+            if num_cached >= num_full:
+                continue
+            mask = self._mask(g, num_cached, num_full)
+            table = g.tables[req.req_id]
+            if mask is None:
+                self.pool.cache_full_blocks(table, keys, num_cached, num_full)
+            else:
+                for i, keep in zip(range(num_cached, num_full), mask):
+                    if keep:
+                        self.pool.cache_full_blocks(table, keys, i, i + 1)
+            g.num_cached[req.req_id] = num_full
+
+    # -- freeing and checks --------------------------------------------------------------
+
+    def free(self, req: Request) -> None:
+        """Each group frees its table tail first (null head trimmed), group by group."""
+        null = self.pool.null_block
+        for g in self.groups:
+            table = g.tables.pop(req.req_id, [])
+            g.num_cached.pop(req.req_id, None)
+            start = 0
+            while start < len(table) and table[start] is null:
+                start += 1
+            self.pool.free_blocks(reversed(table[start:]))
+
+    def block_ids(self, req_id: str) -> list[list[int]]:
+        return [[blk.block_id for blk in g.tables.get(req_id, ())] for g in self.groups]
+
+    @property
+    def req_to_blocks(self) -> dict[str, list[Block]]:
+        """All tables, flattened per request (for invariant checks and emptiness tests)."""
+        out: dict[str, list[Block]] = {}
+        for g in self.groups:
+            for rid, table in g.tables.items():
+                out.setdefault(rid, []).extend(table)
+        return out
+
+    def check_invariants(self) -> None:
+        refs: dict[int, int] = {}
+        null = self.pool.null_block
+        for g in self.groups:
+            for table in g.tables.values():
+                for blk in table:
+                    if blk is not null:
+                        refs[blk.block_id] = refs.get(blk.block_id, 0) + 1
+        self.pool.check_invariants(refs)
