@@ -58,8 +58,11 @@ def _default_out(scenario: Path) -> Path:
     return out
 
 
-def _write_results(out: Path, files: dict[str, str]) -> None:
-    """Write into a temporary sibling folder, then rename: a folder named ``out`` is complete."""
+def _write_results(out: Path, files: dict[str, str], extra=None) -> None:
+    """Write into a temporary sibling folder, then rename: a folder named ``out`` is complete.
+
+    ``files`` maps relative paths to text; ``extra(tmp_dir)`` may write more (figures).
+    """
     if out.exists() and (not out.is_dir() or not (out / "summary.json").exists()):
         raise ConfigError(str(out), "exists and is not a kvsim result folder; choose another --out")
     try:
@@ -69,7 +72,10 @@ def _write_results(out: Path, files: dict[str, str]) -> None:
         raise ConfigError(str(out), f"cannot create the result folder: {exc.strerror or exc}") from None
     try:
         for name, text in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(text, encoding="utf-8")
+        if extra is not None:
+            extra(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -105,6 +111,46 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    import tomllib
+
+    from kvsim import compare
+
+    path = Path(args.scenario)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(str(path), "no such file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(str(path), f"cannot read the scenario: {exc}") from None
+    path = path.resolve()
+    if args.vary:
+        variants = compare.vary_variants(raw, args.vary)
+    else:
+        variants = compare.default_variants(raw, path.name)
+    results = compare.run_variants(raw, path, variants)
+    rows = [compare._row(name, summary) for name, _, _, summary in results]
+    lines = compare.verdict(rows, default=not args.vary)
+    out = Path(args.out) if args.out else _default_out(path.with_name(path.stem + "-compare"))
+    files = {"compare.csv": compare.csv_text(rows)}
+    for name, sc, rec, summary in results:
+        for fname, text in compare.variant_files(sc, rec, summary).items():
+            files[f"{compare.slug(name)}/{fname}"] = text
+    files["summary.json"] = metrics_json({"variants": [r for r in rows], "verdict": lines})
+    _write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp / "compare.png"))
+    if not args.quiet:
+        print(compare.table(rows))
+        for line in lines:
+            print(line)
+        print(f"results in {out}")
+    return 0
+
+
+def metrics_json(obj) -> str:
+    import json
+    return json.dumps(obj, indent=2) + "\n"
+
+
 def cmd_presets(args) -> int:
     for kind in ("models", "hardware"):
         print(f"{kind}:")
@@ -124,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>)")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     run.set_defaults(func=cmd_run)
+    cmp = sub.add_parser("compare", help="run a scenario's variants side by side")
+    cmp.add_argument("scenario", help="scenario TOML file")
+    cmp.add_argument("--vary", action="append", metavar="SECTION.KEY=V1,V2",
+                     help="vary a key (repeatable: the variants are the cartesian product); "
+                          "default: speculative decoding on/off x prefix caching on/off")
+    cmp.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>-compare)")
+    cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    cmp.set_defaults(func=cmd_compare)
     pre = sub.add_parser("presets", help="list the shipped model and hardware presets")
     pre.set_defaults(func=cmd_presets)
     return ap

@@ -119,6 +119,25 @@ def summarize(sc: Scenario, rec: Records) -> dict:
         },
         "kv_usage": {"mean": float(np.mean(usage)) if usage else 0.0,
                      "max": float(max(usage)) if usage else 0.0},
+        "spec_decode": _spec_summary(sc, rec),
+    }
+
+
+def _spec_summary(sc: Scenario, rec: Records) -> dict | None:
+    """vLLM's spec-decode counters: drafts, accepted drafts, mean acceptance length."""
+    if not sc.speculative.enabled:
+        return None
+    drafts = sum(r.num_drafts_proposed for r in rec.requests)
+    accepted = sum(r.num_drafts_accepted for r in rec.requests)
+    verifies = sum(r.num_verify_steps for r in rec.requests)
+    return {
+        "method": sc.speculative.method,
+        "num_speculative_tokens": sc.speculative.num_speculative_tokens,
+        "num_drafts": drafts,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafts if drafts else None,
+        "mean_acceptance_length": 1 + accepted / verifies if verifies else None,
+        "draft_time_s": sum(s.draft_s for s in rec.steps),
     }
 
 
@@ -143,6 +162,12 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     else:
         lines.append("prefix cache  off (no lookups)")
     lines.append(f"preemptions   {s['num_preemptions']}")
+    sd = s.get("spec_decode")
+    if sd and sd["acceptance_rate"] is not None:
+        lines.append(f"spec decode   {sd['method']} k={sd['num_speculative_tokens']}: "
+                     f"{100 * sd['acceptance_rate']:.1f} % of drafts accepted, mean acceptance "
+                     f"length {sd['mean_acceptance_length']:.2f}; drafter "
+                     f"{sd['draft_time_s']:.3f} s of the run")
     lines.append(f"{'':14}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}")
     for key, label, scale in (("ttft_s", "TTFT ms", 1e3), ("tpot_s", "TPOT ms", 1e3),
                               ("e2e_s", "E2E s", 1.0)):

@@ -1,0 +1,171 @@
+"""``kvsim compare``: a scenario's variants side by side, with a plain verdict.
+
+Without ``--vary`` the variants are the 2×2 of speculative decoding (the scenario's own
+``[speculative]`` method, or off) × prefix caching (on, off); with ``--vary section.key=v1,v2``
+(repeatable) they are the cartesian product of the given values. Each variant runs in full and
+keeps its own result folder; the comparison is written as ``compare.csv`` and ``compare.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import re
+from pathlib import Path
+
+from kvsim import engine, metrics, overrides
+from kvsim.config import parse_scenario, resolved_toml
+from kvsim.errors import ConfigError
+from kvsim.workload import build_requests
+
+COLUMNS = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
+           "output_tokens_per_s", "prefix_cache_hit_rate", "mean_cached_tokens", "num_preemptions",
+           "mean_acceptance_length")
+
+
+def default_variants(raw: dict, file: str) -> list[tuple[str, dict]]:
+    method = raw.get("speculative", {}).get("method", "none")
+    if method == "none":
+        raise ConfigError(f"{file}: speculative.method", "the default comparison (speculative "
+                          "decoding × prefix caching) needs a method in [speculative]; or give --vary")
+    out = []
+    for spec_on, cache_on in ((False, False), (False, True), (True, False), (True, True)):
+        v = overrides.apply(raw, "engine", "enable_prefix_caching", cache_on)
+        if not spec_on:
+            v = overrides.apply(v, "speculative", "method", "none")
+        name = {(False, False): "neither", (False, True): "prefix caching",
+                (True, False): f"{method}", (True, True): f"{method} + prefix caching"}[spec_on, cache_on]
+        out.append((name, v))
+    return out
+
+
+def vary_variants(raw: dict, specs: list[str]) -> list[tuple[str, dict]]:
+    axes = [overrides.parse(s) for s in specs]
+    out = []
+    for combo in itertools.product(*[[(sec, key, v) for v in vals] for sec, key, vals in axes]):
+        v = raw
+        for sec, key, val in combo:
+            v = overrides.apply(v, sec, key, val)
+        # Label by the keys that actually vary (a one-value --vary just sets the key).
+        parts = [overrides.label(key, val) for (sec, key, val), (_, _, vals) in zip(combo, axes)
+                 if len(vals) > 1]
+        out.append((" ".join(parts) or "as given", v))
+    return out
+
+
+def _row(name: str, s: dict) -> dict:
+    def q(d, k, scale=1.0):
+        return None if d is None else d[k] * scale
+    sd = s.get("spec_decode") or {}
+    return {
+        "variant": name,
+        "ttft_p50_ms": q(s["ttft_s"], "p50", 1e3), "ttft_p99_ms": q(s["ttft_s"], "p99", 1e3),
+        "tpot_p50_ms": q(s["tpot_s"], "p50", 1e3), "e2e_mean_s": q(s["e2e_s"], "mean"),
+        "requests_per_s": s["throughput"]["requests_per_s"],
+        "output_tokens_per_s": s["throughput"]["output_tokens_per_s"],
+        "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
+        "mean_cached_tokens": s["cached_tokens_mean"],
+        "num_preemptions": s["num_preemptions"],
+        "mean_acceptance_length": sd.get("mean_acceptance_length"),
+    }
+
+
+def run_variants(raw: dict, path: Path, variants: list[tuple[str, dict]]):
+    """Validate every variant first (a bad one fails before anything runs), then run them."""
+    scenarios = [(name, parse_scenario(v, path)) for name, v in variants]
+    results = []
+    for name, sc in scenarios:
+        rec = engine.run(sc, build_requests(sc))
+        results.append((name, sc, rec, metrics.summarize(sc, rec)))
+    return results
+
+
+def verdict(rows: list[dict], default: bool) -> list[str]:
+    """Plain sentences: does the combination beat each feature alone (by mean E2E latency)?"""
+    if not default or len(rows) != 4:
+        best = min((r for r in rows if r["e2e_mean_s"] is not None), key=lambda r: r["e2e_mean_s"],
+                   default=None)
+        return [f"Lowest mean E2E latency: {best['variant']} ({best['e2e_mean_s']:.3f} s)."] if best else []
+    _, cache, spec, both = rows
+    lines = []
+    for alone in (cache, spec):
+        if both["e2e_mean_s"] is None or alone["e2e_mean_s"] is None:
+            continue
+        change = 100 * (both["e2e_mean_s"] / alone["e2e_mean_s"] - 1)
+        word = "beats" if change < 0 else "does not beat"
+        lines.append(f"{both['variant']} {word} {alone['variant']} alone: mean E2E "
+                     f"{both['e2e_mean_s']:.3f} s vs {alone['e2e_mean_s']:.3f} s ({change:+.1f} %), "
+                     f"TTFT p50 {both['ttft_p50_ms']:.1f} vs {alone['ttft_p50_ms']:.1f} ms.")
+    if cache["mean_cached_tokens"] and both["mean_cached_tokens"] is not None:
+        lost = cache["mean_cached_tokens"] - both["mean_cached_tokens"]
+        if lost > 0:
+            lines.append(f"Speculative decoding cut the mean prefix-cache hit by {lost:,.0f} tokens "
+                         f"({cache['mean_cached_tokens']:,.0f} -> {both['mean_cached_tokens']:,.0f}).")
+    return lines
+
+
+def table(rows: list[dict]) -> str:
+    heads = ("variant", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2E mean s", "req/s",
+             "hit rate %", "mean hit", "preempt", "accept len")
+    keys = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
+            "prefix_cache_hit_rate", "mean_cached_tokens", "num_preemptions", "mean_acceptance_length")
+    width = max(len(heads[0]), *(len(r["variant"]) for r in rows))
+
+    def cell(k, v):
+        if v is None:
+            return "-"
+        if k == "prefix_cache_hit_rate":
+            return f"{100 * v:.1f}"
+        if k in ("mean_cached_tokens",):
+            return f"{v:,.0f}"
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+    lines = [f"{heads[0]:<{width}}" + "".join(f"{h:>12}" for h in heads[1:])]
+    for r in rows:
+        lines.append(f"{r['variant']:<{width}}" + "".join(f"{cell(k, r[k]):>12}" for k in keys[1:]))
+    return "\n".join(lines)
+
+
+def csv_text(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow(["" if r[c] is None else (f"{r[c]:.9g}" if isinstance(r[c], float) else r[c])
+                    for c in COLUMNS])
+    return buf.getvalue()
+
+
+def plot(rows: list[dict], png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["variant"] for r in rows]
+    panels = (("TTFT p50 / p99 (ms)", ("ttft_p50_ms", "ttft_p99_ms")),
+              ("TPOT p50 (ms)", ("tpot_p50_ms",)), ("Output tokens/s", ("output_tokens_per_s",)),
+              ("Mean cached tokens per request", ("mean_cached_tokens",)))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    for ax, (title, keys) in zip(axes.flat, panels):
+        width = 0.8 / len(keys)
+        for j, k in enumerate(keys):
+            vals = [r[k] or 0 for r in rows]
+            ax.bar([i + j * width for i in range(len(rows))], vals, width, label=k)
+        ax.set_title(title)
+        ax.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(rows))], names,
+                      rotation=20, ha="right", fontsize=8)
+        if len(keys) > 1:
+            ax.legend(fontsize=8)
+    fig.suptitle("kvsim compare (cost model uncalibrated)")
+    fig.savefig(png, dpi=110)
+    fig.savefig(png.with_suffix(".svg"))
+    plt.close(fig)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", name).strip("_") or "variant"
+
+
+def variant_files(sc, rec, summary) -> dict[str, str]:
+    return {"requests.csv": metrics.requests_csv(rec), "steps.csv": metrics.steps_csv(rec),
+            "summary.json": metrics.summary_json(summary), "scenario.resolved.toml": resolved_toml(sc)}
