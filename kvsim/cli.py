@@ -136,7 +136,7 @@ def cmd_compare(args) -> int:
     for name, sc, rec, summary in results:
         for fname, text in compare.variant_files(sc, rec, summary).items():
             files[f"{compare.slug(name)}/{fname}"] = text
-    files["summary.json"] = metrics_json({"variants": [r for r in rows], "verdict": lines})
+    files["summary.json"] = metrics_json({"variants": rows, "verdict": lines})
     _write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp / "compare.png"))
     if not args.quiet:
         print(compare.table(rows))

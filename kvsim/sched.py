@@ -158,6 +158,14 @@ class Scheduler:
         self.kv = kv
         self.sem = sem
         self.spec = params.spec
+        # Draft-model input slots: charged per scheduled request (0.32+), or reserved for
+        # max_num_seqs requests up front by shrinking the token budget (earlier releases).
+        if sem.per_request_draft_slots:
+            self.draft_slots, self.token_budget = params.spec.draft_slots, params.max_num_batched_tokens
+        else:
+            self.draft_slots = 0
+            self.token_budget = (params.max_num_batched_tokens
+                                 - params.spec.draft_slots * params.max_num_seqs)
         self.waiting = WAITING_QUEUES[params.scheduling_policy]()
         self.running: list[Request] = []
         self.priority_policy = params.scheduling_policy == "priority"
@@ -178,7 +186,7 @@ class Scheduler:
         scheduled: dict[str, Chunk] = {}
         # vLLM keeps two budgets: scheduled tokens, and model inputs, from which each
         # scheduled request also takes ``draft_slots`` (draft-model inputs).
-        budget = [p.max_num_batched_tokens, p.max_num_batched_tokens]
+        budget = [self.token_budget, p.max_num_batched_tokens]
         threshold = p.long_prefill_token_threshold
         if self.sem.long_prefill_only_with_competition and self.num_unfinished <= 1:
             threshold = 0  # nobody to starve
@@ -203,7 +211,7 @@ class Scheduler:
     def _schedule_running(self, plan: StepPlan, scheduled: dict, budget: list[int],
                           threshold: int) -> bool:
         p, kv, running, spec = self.params, self.kv, self.running, self.spec
-        slots = spec.draft_slots
+        slots = self.draft_slots
         prefill_scheduled = False
         idx = 0
         while idx < len(running) and budget[0] > 0:
@@ -240,7 +248,8 @@ class Scheduler:
                 if victim is req:
                     break
             if new_blocks is None:
-                if self.priority_policy and req.status is Status.PREEMPTED:
+                if (self.priority_policy and req.status is Status.PREEMPTED
+                        and self.sem.priority_self_preempt_continues):
                     continue  # it preempted itself; later (higher-priority) requests may fit
                 break
             prefill_scheduled |= req.is_prefill_chunk
@@ -256,20 +265,24 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: StepPlan, scheduled: dict, budget: list[int],
                           threshold: int, prefill_scheduled: bool) -> None:
-        p, kv, waiting, spec = self.params, self.kv, self.waiting, self.spec
-        k, slots = spec.num_speculative_tokens, spec.draft_slots
+        p, kv, waiting, spec, sem = self.params, self.kv, self.waiting, self.spec, self.sem
+        k, slots = spec.num_speculative_tokens, self.draft_slots
+        lookahead = spec.num_lookahead_tokens if sem.lookahead_on_admission else 0
         skipped: list[Request] = []
         while budget[0] > 0 and len(waiting):
             if budget[1] <= slots or len(self.running) >= p.max_num_seqs:
                 break
             req = waiting.peek()
             hit_blocks, hit = kv.get_computed_blocks(req)
-            if req.num_preemptions == 0:
+            if req.num_preemptions == 0 or (sem.cached_tokens_until_first_token
+                                            and req.num_output_tokens == 0):
                 req.cached_tokens = hit  # PrefillStats: the hit at the admitting lookup
+            if kv.enable_caching and not sem.prefix_stats_at_admission:
+                plan.prefix_cache.record(req.num_tokens, hit, req.num_preemptions > 0)
             request_budget = min(budget[0], budget[1] - slots)
             n = req.num_tokens - hit
             padded = False
-            if (k and n == 1 and not prefill_scheduled and self.sem.pad_new_decode_to_spec_width
+            if (k and n == 1 and not prefill_scheduled and sem.pad_new_decode_to_spec_width
                     and (scheduled or hit > 0) and hit + 1 + k + 1 <= p.max_model_len):
                 # vLLM pads a one-token admission to a full 1 + k verify row (placeholder
                 # drafts) to keep the decode batch uniform, if it fits max_model_len.
@@ -282,13 +295,15 @@ class Scheduler:
                 break
             n = min(n, request_budget)
             n = self._reserve_prefill_lookahead(req, hit, n)
-            if n == 0:  # can't end this chunk here: let the requests behind it go first
-                skipped.append(waiting.pop())
+            if n == 0:  # can't end this chunk here
+                if not sem.skip_zero_chunk_admission:
+                    break
+                skipped.append(waiting.pop())  # let the requests behind it go first
                 continue
-            if kv.allocate_slots(req, n, hit, hit_blocks, spec.num_lookahead_tokens,
+            if kv.allocate_slots(req, n, hit, hit_blocks, lookahead,
                                  full_sequence_must_fit=p.scheduler_reserve_full_isl) is None:
                 break  # strict head-of-line blocking
-            if kv.enable_caching:  # recorded at admission only, so blocked lookups don't count
+            if kv.enable_caching and sem.prefix_stats_at_admission:  # blocked lookups don't count
                 plan.prefix_cache.record(req.num_tokens, hit, req.num_preemptions > 0)
             waiting.pop()
             self.running.append(req)
@@ -323,6 +338,7 @@ class Scheduler:
         first: list[Request] = []
         finished: list[Request] = []
         k = self.spec.num_speculative_tokens
+        cache_after_verify = bool(k) and self.sem.cache_after_verify
         max_model_len = self.params.max_model_len
         for c in plan.scheduled:
             req = c.req
@@ -343,10 +359,11 @@ class Scheduler:
             for i in range(1, num_new + 1):
                 req.num_output_tokens += 1
                 if req.num_tokens >= max_model_len or req.num_output_tokens >= req.max_tokens:
-                    req.num_computed_tokens -= num_new - i  # trimmed at the stop
+                    if cache_after_verify:
+                        req.num_computed_tokens -= num_new - i  # trimmed at the stop
                     stopped = True
                     break
-            if k:
+            if cache_after_verify:
                 # Accepted drafts are published now that they are verified.
                 self.kv.cache_blocks(req, req.num_computed_tokens)
             if stopped:

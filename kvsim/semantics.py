@@ -2,12 +2,13 @@
 
 Rules in the accounting core read flags from a ``Semantics`` record; nothing else in kvsim
 compares version strings. A release is listed only once its behaviour was read from that
-release's own source (``vllm/v1/core``) and checked against its Scheduler.
+release's own ``vllm/v1/core`` source and checked against its Scheduler on CPU (the recorded
+cases in ``tests/fixtures/``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvsim.kv.hybrid import HybridRules
 
@@ -17,38 +18,90 @@ class Semantics:
     version: str
     # BlockPool.free_blocks: blocks without a hash (or all blocks with caching off) go to the
     # *front* of the free queue (LIFO reuse); hashed blocks go to the tail (LRU eviction).
-    # Older releases appended every freed block to the tail.
+    # Before 0.32 every freed block was appended to the tail.
     free_unhashed_to_front: bool
-    # Scheduler.schedule: long_prefill_token_threshold applies only when more than one
-    # request is running or waiting ("nobody to starve" otherwise).
+    # long_prefill_token_threshold applies only when more than one request is running or
+    # waiting ("nobody to starve" otherwise); 0.32+.
     long_prefill_only_with_competition: bool
     # Default gpu_memory_utilization (vllm/config/cache.py).
     default_gpu_memory_utilization: float
     # How EAGLE-family drafters (eagle, eagle3, mtp) keep prefix hits safe by default:
     # "drop" the last matched block, or "lookahead" block hashes that also cover the next
-    # token(s) (0.33). The opt-out flags the release accepts, if any, are listed.
+    # token(s) (0.33). The opt-out flags the release accepts are listed.
     eagle_prefix_rule: str
     has_disable_eagle_block_drop: bool
     has_disable_lookahead_block_hashes: bool
     # Scheduler pads a newly admitted request with one token left (a full prefix hit) to a
-    # 1 + k verify row of placeholder drafts.
+    # 1 + k verify row of placeholder drafts (0.32+).
     pad_new_decode_to_spec_width: bool
-    # Write rules of the hybrid (several KV groups) coordinator.
+    # Rules of the hybrid (several KV groups) coordinator.
     hybrid: HybridRules
+    # Priority policy: a running request that preempted itself lets the (higher-priority)
+    # requests after it still be scheduled in that step (0.33); before, the pass ended.
+    priority_self_preempt_continues: bool
+    # Prefix-cache stats are recorded when a waiting request is admitted (0.32+); before, at
+    # every lookup, so a request held back by the admission gate is counted every step.
+    prefix_stats_at_admission: bool
+    # num_cached_tokens is overwritten by every lookup until the first output token (0.22),
+    # instead of being the hit of the request's first admission.
+    cached_tokens_until_first_token: bool
+    # Admissions allocate the speculative lookahead slots too (0.32+); before, only running
+    # requests did.
+    lookahead_on_admission: bool
+    # Draft-model input slots: taken per scheduled request from the input budget (0.32+), or
+    # reserved up front as max_num_batched_tokens - slots × max_num_seqs.
+    per_request_draft_slots: bool
+    # With speculative decoding on, blocks of accepted drafts are published right after
+    # verification, also for a request that just stopped (0.33); before, only at the
+    # request's next allocation.
+    cache_after_verify: bool
+    # The multi-module MTP prefill look-ahead (never ending a chunk inside it, not caching its
+    # last k - 1 tokens) exists (0.32+).
+    has_prefill_lookahead: bool
+    # A waiting request whose chunk rounds to 0 is skipped rather than ending the pass (0.33).
+    skip_zero_chunk_admission: bool
 
+
+_V033 = Semantics(
+    version="0.33.0",
+    free_unhashed_to_front=True,
+    long_prefill_only_with_competition=True,
+    default_gpu_memory_utilization=0.92,
+    eagle_prefix_rule="lookahead",
+    has_disable_eagle_block_drop=True,
+    has_disable_lookahead_block_hashes=True,
+    pad_new_decode_to_spec_width=True,
+    hybrid=HybridRules(),
+    priority_self_preempt_continues=True,
+    prefix_stats_at_admission=True,
+    cached_tokens_until_first_token=False,
+    lookahead_on_admission=True,
+    per_request_draft_slots=True,
+    cache_after_verify=True,
+    has_prefill_lookahead=True,
+    skip_zero_chunk_admission=True,
+)
+_V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
+                has_disable_lookahead_block_hashes=False, priority_self_preempt_continues=False,
+                cache_after_verify=False, skip_zero_chunk_admission=False)
+_V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
+                long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
+                pad_new_decode_to_spec_width=False,
+                hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False),
+                prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
+                lookahead_on_admission=False, per_request_draft_slots=False,
+                has_prefill_lookahead=False)
+_V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
+                hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
+                                   trim_all_full_groups=False, per_group_eagle_flags=False),
+                cached_tokens_until_first_token=False)
 
 VERSIONS: dict[str, Semantics] = {
-    "0.33.0": Semantics(
-        version="0.33.0",
-        free_unhashed_to_front=True,
-        long_prefill_only_with_competition=True,
-        default_gpu_memory_utilization=0.92,
-        eagle_prefix_rule="lookahead",
-        has_disable_eagle_block_drop=True,
-        has_disable_lookahead_block_hashes=True,
-        pad_new_decode_to_spec_width=True,
-        hybrid=HybridRules(eagle_caches_extra_block=True, swa_mask_keeps_eagle_block=True),
-    ),
+    "0.19.0": _V019,
+    "0.22.0": replace(_V022, version="0.22.0"),  # vllm/v1/core byte-identical to 0.22.1
+    "0.22.1": _V022,
+    "0.32.0": _V032,
+    "0.33.0": _V033,
 }
 
 DEFAULT_VERSION = "0.33.0"

@@ -21,6 +21,7 @@ from kvsim.config import Scenario, SpecCfg
 from kvsim.errors import ConfigError
 from kvsim.request import Request
 from kvsim.sched import SpecParams
+from kvsim.semantics import Semantics
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,14 @@ class SpecSetup:
 
 def spec_setup(sc: Scenario) -> SpecSetup:
     """The accounting consequences of ``[speculative]`` under the scenario's vLLM release."""
-    s, e, sem = sc.speculative, sc.engine, sc.engine.semantics
+    e = sc.engine
+    return derive_spec(sc.speculative, e.semantics, e.enable_prefix_caching, e.block_size,
+                       sc.model.num_nextn_predict_layers)
+
+
+def derive_spec(s: SpecCfg, sem: Semantics, enable_caching: bool, scheduler_block_size: int,
+                num_nextn_predict_layers: int = 1) -> SpecSetup:
+    """As ``spec_setup``, from the parts (also used to replay oracle scenarios)."""
     if not s.enabled:
         return SpecSetup(SpecParams(), False, 0, 0)
     k = s.num_speculative_tokens
@@ -42,17 +50,19 @@ def spec_setup(sc: Scenario) -> SpecSetup:
         slots = k if s.parallel_drafting else 1
     else:
         slots = k - 1 if s.parallel_drafting else 0
-    multi_module_mtp = s.method == "mtp" and min(sc.model.num_nextn_predict_layers, k) > 1
-    prefill_lookahead = (k if multi_module_mtp else 1) if s.eagle_family else 0
+    multi_module_mtp = s.method == "mtp" and min(num_nextn_predict_layers, k) > 1
+    prefill_lookahead = 0
+    if s.eagle_family and sem.has_prefill_lookahead:
+        prefill_lookahead = k if multi_module_mtp else 1
     hash_lookahead = 0
-    if (s.eagle_family and sem.eagle_prefix_rule == "lookahead" and e.enable_prefix_caching
+    if (s.eagle_family and sem.eagle_prefix_rule == "lookahead" and enable_caching
             and not s.disable_eagle_block_drop and not s.disable_lookahead_block_hashes):
         hash_lookahead = prefill_lookahead
     eagle_drop = s.eagle_family and not s.disable_eagle_block_drop and hash_lookahead == 0
-    if e.enable_prefix_caching and s.eagle_family and e.block_size < prefill_lookahead:
+    if enable_caching and s.eagle_family and scheduler_block_size < prefill_lookahead:
         raise ConfigError("speculative.num_speculative_tokens",
-                          f"multi-module MTP with prefix caching needs block_size ({e.block_size}) "
-                          f">= num_speculative_tokens ({k}); vLLM refuses it")
+                          f"multi-module MTP with prefix caching needs block_size "
+                          f"({scheduler_block_size}) >= num_speculative_tokens ({k}); vLLM refuses it")
     return SpecSetup(SpecParams(num_speculative_tokens=k, num_lookahead_tokens=lookahead,
                                 draft_slots=slots, num_prefill_lookahead=prefill_lookahead),
                      eagle_drop, hash_lookahead, max(0, prefill_lookahead - 1))

@@ -30,12 +30,13 @@ def main() -> int:
     ap.add_argument("--version", default="0.33.0")
     ap.add_argument("--count", type=int, default=120)
     ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--driver", default=str(ROOT / "kvsim/oracle/vllm_driver.py"))
     args = ap.parse_args()
     scenarios = [random_scenario(s) for s in range(args.first_seed, args.first_seed + args.count)]
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps([to_driver(s) for s in scenarios]))
-        subprocess.run([args.python, str(ROOT / "kvsim/oracle/vllm_driver.py"), str(inp), str(out)],
+        subprocess.run([args.python, args.driver, str(inp), str(out)],
                        check=False)
         results = json.loads(out.read_text())
     cases = []

@@ -52,12 +52,23 @@ class GroupSpec:
 
 @dataclass(frozen=True, slots=True)
 class HybridRules:
-    """Release-specific write rules of the hybrid coordinator."""
+    """Release-specific rules of the hybrid coordinator.
 
-    # Fixed releases cache, for an EAGLE group, one block past the U-aligned boundary.
-    eagle_caches_extra_block: bool = True
-    # Fixed releases keep that extra block in the sliding-window cache mask (#44082).
-    swa_mask_keeps_eagle_block: bool = True
+    ``lookup``: ``"spiral"`` (0.19: every group drops a block on every pass, #32802),
+    ``"max_hit"`` (0.22: each EAGLE group drops once per candidate, looking one block ahead
+    but not past ``num_tokens - 1``), ``"hashes"`` (0.32+: the look-ahead is bounded by the
+    hashed tokens instead).
+    ``writes``: ``"all"`` (0.19: every group caches every full block), ``"u_rounded"`` (0.22:
+    every group caches only up to the U boundary and the sliding-window mask keeps no EAGLE
+    block: the 32K -> 16K bug), ``"eagle_extra"`` (0.32+: an EAGLE group also caches the block
+    past U, and the mask keeps it, #44082).
+    """
+
+    lookup: str = "hashes"
+    writes: str = "eagle_extra"
+    swa_admission_cap: bool = True  # full-sequence gate caps a window's blocks (0.22+)
+    trim_all_full_groups: bool = True  # 0.32+ trims every full-attention group to the hit
+    per_group_eagle_flags: bool = True  # 0.19 has none: with EAGLE on, every group drops
 
 
 class _Group:
@@ -101,7 +112,7 @@ class HybridKVCacheManager:
         self._coarse: dict[tuple, int] = {}
         # Flag groups holding the drafter; with none marked vLLM flags them all.
         flagged = {i for i, g in enumerate(groups) if g.eagle} if eagle_family else set()
-        if eagle_family and not flagged:
+        if eagle_family and (not flagged or not rules.per_group_eagle_flags):
             flagged = set(range(len(groups)))
         drop_groups = flagged if eagle_drop else set()
         # Attention groups: groups with equal specs are looked up together.
@@ -215,8 +226,11 @@ class HybridKVCacheManager:
         if not self.attention_groups:
             return {}, 0
         keys = {g.gid: self._group_keys(req, g) for g in self.groups}
-        num_hashed = len(req.block_hashes) * self.hash_block_size
-        hit_length = req.num_tokens - 1
+        max_hit = req.num_tokens - 1
+        lookup = self.rules.lookup
+        # How far an EAGLE group may look past the candidate before dropping a block.
+        horizon = len(req.block_hashes) * self.hash_block_size if lookup == "hashes" else max_hit
+        hit_length = max_hit
         by_group: dict[int, list[Block]] = {}
         len_by_group: dict[int, int] = {}
         verified: set[int] = set()
@@ -227,8 +241,11 @@ class HybridKVCacheManager:
                 if kind == "full_attention" and gids[0] in by_group:
                     curr = min(curr, len_by_group[gids[0]])  # downward-closed: trim only
                     continue
-                drop = use_eagle and idx not in verified
-                max_length = min(curr + g.block_size, num_hashed) if drop else curr
+                if lookup == "spiral":
+                    drop, max_length = use_eagle, curr
+                else:
+                    drop = use_eagle and idx not in verified
+                    max_length = min(curr + g.block_size, horizon) if drop else curr
                 if kind == "full_attention":
                     blocks, new = self._full_attention_hit(keys, gids, max_length, drop, g.block_size)
                 else:
@@ -246,7 +263,8 @@ class HybridKVCacheManager:
             hit_length = curr
             if self.is_simple_hybrid:
                 break
-        for kind, gids, _ in self.attention_groups:
+        trim = self.attention_groups if self.rules.trim_all_full_groups else self.attention_groups[:1]
+        for kind, gids, _ in trim:
             if kind == "full_attention":
                 n = cdiv(hit_length, self.groups[gids[0]].block_size)
                 for gid in gids:
@@ -258,7 +276,7 @@ class HybridKVCacheManager:
     def _blocks_to_allocate(self, g: _Group, req_id: str, num_tokens: int, hit: list[Block],
                             total_computed: int, admission_cap: bool) -> int:
         required = cdiv(num_tokens, g.block_size)
-        if admission_cap and g.spec.kind == "sliding_window":
+        if admission_cap and g.spec.kind == "sliding_window" and self.rules.swa_admission_cap:
             cap_tokens = min(g.spec.sliding_window - 1 + self.max_in_flight_tokens, self.max_model_len)
             required = min(required, cdiv(cap_tokens, g.block_size) + 1)  # vLLM's admission cap
         held = len(g.tables.get(req_id, ()))
@@ -333,19 +351,21 @@ class HybridKVCacheManager:
     # -- caching -------------------------------------------------------------------------
 
     def _cacheable_tokens(self, g: _Group, num_computed: int) -> int:
+        if self.rules.writes == "all":
+            return num_computed
         U = self.block_size
         aligned = num_computed - num_computed % U
-        if g.use_eagle and aligned > 0 and self.rules.eagle_caches_extra_block:
+        if g.use_eagle and aligned > 0 and self.rules.writes == "eagle_extra":
             fin = max(0, num_computed - self.num_reprefillable)
             return min(fin, fin - fin % U + g.block_size)
         return aligned
 
     def _mask(self, g: _Group, start: int, end: int) -> list[bool] | None:
         """Sliding window: publish only the blocks a future U-aligned hit can read."""
-        if g.spec.kind != "sliding_window":
+        if g.spec.kind != "sliding_window" or self.rules.writes == "all":
             return None
         b, U = g.block_size, self.block_size
-        use_eagle = g.use_eagle and self.rules.swa_mask_keeps_eagle_block
+        use_eagle = g.use_eagle and self.rules.writes == "eagle_extra"
         need = g.contiguous_blocks_for_hit(use_eagle)
         per_segment = U // b
         if need >= per_segment:

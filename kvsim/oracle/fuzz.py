@@ -14,7 +14,32 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def random_scenario(seed: int) -> dict:
+SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
+
+
+def _groups(rng: random.Random, mml: int, budget: int) -> tuple[list[dict], int, int]:
+    """A random hybrid layout, its alignment U and the blocks one max_model_len request needs."""
+    b1, b2 = rng.choice([(16, 16), (16, 32), (32, 16), (8, 32), (16, 64)])
+    groups = [{"kind": "full_attention", "block_size": b1, "eagle": rng.random() < 0.7},
+              {"kind": "sliding_window", "block_size": b2,
+               "sliding_window": rng.choice([8, 32, 64, 100])}]
+    if rng.random() < 0.3:
+        groups.insert(1, {"kind": "full_attention", "block_size": 4 * b1})
+    U = 1
+    for g in groups:
+        U = U * g["block_size"] // __import__("math").gcd(U, g["block_size"])
+    need = 0
+    for g in groups:
+        if g["kind"] == "sliding_window":
+            tokens = min(g["sliding_window"] - 1 + budget, mml)
+            need += min(cdiv(mml, g["block_size"]), cdiv(tokens, g["block_size"]) + 1)
+        else:
+            need += cdiv(mml, g["block_size"])
+    return groups, U, need
+
+
+def random_scenario(seed: int, spec: bool = False, hybrid: bool = False) -> dict:
+    """A seeded scenario; ``spec`` adds speculative decoding, ``hybrid`` a multi-group layout."""
     rng = random.Random(seed)
     b = rng.choice([4, 8, 16, 32])
     mml = rng.choice([128, 256, 512, 1024])
@@ -35,6 +60,18 @@ def random_scenario(seed: int) -> dict:
         "scheduling_policy": "priority" if rng.random() < 0.3 else "fcfs",
         "scheduler_reserve_full_isl": rng.random() < 0.8,
     }
+    k = 0
+    if spec:
+        method = rng.choice(SPEC_METHODS)
+        k = 1 if method == "mtp" else rng.randint(1, 4)
+        engine["speculative"] = {"method": method, "num_speculative_tokens": k}
+        engine["max_num_batched_tokens"] = budget = max(budget, 8 * (k + 1))
+        engine["max_num_seqs"] = min(engine["max_num_seqs"], budget)
+    if hybrid:
+        groups, U, need = _groups(rng, mml, budget)
+        engine["kv_groups"] = groups
+        engine["block_size"] = b = U
+        engine["num_gpu_blocks"] = need + 1 + rng.choice([0, 2, need // 2, 2 * need])
     docs = []
     next_id = 1
     for _ in range(rng.randint(2, 5)):
@@ -67,6 +104,8 @@ def random_scenario(seed: int) -> dict:
             "join_step": join,
             "output_token_id": -(i + 1),
         })
+        if k:
+            requests[-1]["accepted"] = [rng.randint(0, k) for _ in range(rng.randint(1, 4))]
     return {"seed": seed, "engine": engine, "requests": requests}
 
 

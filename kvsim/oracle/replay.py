@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from math import lcm
 
 from kvsim.errors import InvariantError
+from kvsim.config import SpecCfg
+from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager
 from kvsim.kv.pool import BlockPool
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.semantics import semantics_for
+from kvsim.specdec import derive_spec
 
 ENGINE_DEFAULTS = {
     "block_size": 16, "num_gpu_blocks": 64, "enable_prefix_caching": True,
@@ -40,12 +44,40 @@ def build(engine: dict, version: str) -> Scheduler:
     sem = semantics_for(version)
     if sem is None:
         raise ValueError(f"kvsim does not reproduce vLLM {version}")
-    pool = BlockPool(e["num_gpu_blocks"], e["enable_prefix_caching"], sem.free_unhashed_to_front)
-    kv = KVCacheManager(pool, e["block_size"], e["max_model_len"], e["enable_prefix_caching"])
+    sd = e.get("speculative") or {}
+    spec = SpecCfg(method=sd.get("method", "none"),
+                   num_speculative_tokens=sd.get("num_speculative_tokens", 0),
+                   disable_eagle_block_drop=sd.get("disable_eagle_block_drop", False),
+                   disable_lookahead_block_hashes=sd.get("disable_lookahead_block_hashes", False),
+                   parallel_drafting=sd.get("parallel_drafting", False))
+    groups = [GroupSpec(kind=g["kind"], block_size=g["block_size"],
+                        sliding_window=g.get("sliding_window") or 0, eagle=g.get("eagle", False))
+              for g in e.get("kv_groups") or ()]
+    caching = e["enable_prefix_caching"]
+    setup = derive_spec(spec, sem, caching, lcm(*(g.block_size for g in groups)) if groups
+                        else e["block_size"])
+    pool = BlockPool(e["num_gpu_blocks"], caching, sem.free_unhashed_to_front)
+    if groups:
+        kv = HybridKVCacheManager(pool, groups, e["max_model_len"], caching,
+                                  eagle_family=spec.eagle_family, eagle_drop=setup.eagle_drop,
+                                  hash_lookahead=setup.hash_lookahead,
+                                  num_reprefillable=setup.num_reprefillable,
+                                  max_in_flight_tokens=e["max_num_batched_tokens"], rules=sem.hybrid)
+    else:
+        kv = KVCacheManager(pool, e["block_size"], e["max_model_len"], caching,
+                            eagle_drop=setup.eagle_drop, hash_lookahead=setup.hash_lookahead,
+                            num_reprefillable=setup.num_reprefillable)
     params = SchedulerParams(**{k: e[k] for k in (
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
-        "long_prefill_token_threshold", "scheduling_policy", "scheduler_reserve_full_isl")})
+        "long_prefill_token_threshold", "scheduling_policy", "scheduler_reserve_full_isl")},
+        spec=setup.params)
     return Scheduler(params, kv, sem)
+
+
+def _accept(req: Request, num_drafts: int) -> int:
+    """The driver's rule: the request's ``accepted`` list, cycled over its verify steps."""
+    seq = req.accepted_trace or (0,)
+    return min(seq[req.num_verify_steps % len(seq)], num_drafts)
 
 
 def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True) -> dict:
@@ -54,9 +86,10 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
     specs = scenario["requests"]
     reqs = []
     for i, s in enumerate(specs):
+        accepted = tuple(s["accepted"]) if s.get("accepted") else None
         r = Request(RequestSpec(req_id=str(s["req_id"]), arrival_s=float(s.get("arrival_time", 0.0)),
                                 prompt=prompt_of(s), max_tokens=int(s["max_tokens"]),
-                                priority=int(s.get("priority", 0))), i)
+                                priority=int(s.get("priority", 0)), accepted=accepted), i)
         r.output_token_id = int(s.get("output_token_id", -1))
         reqs.append(r)
     join = [int(s.get("join_step", 0)) for s in specs]
@@ -86,7 +119,8 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
             if c.req.first_scheduled_step is None:
                 c.req.first_scheduled_step = step
         block_ids = {c.req.req_id: sched.kv.block_ids(c.req.req_id) for c in plan.scheduled}
-        first, finished = sched.update_from_output(plan)
+        before = {c.req.req_id: c.req.num_drafts_accepted for c in plan.scheduled}
+        first, finished = sched.update_from_output(plan, _accept)
         for r in first:
             r.first_token_step = step
         for r in finished:
@@ -101,6 +135,9 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
             "preempted": sorted(r.req_id for r in plan.preempted),
             "block_ids": block_ids,
             "num_free_blocks": sched.kv.pool.num_free_blocks,
+            "spec": {c.req.req_id: [c.num_spec_tokens,
+                                    c.req.num_drafts_accepted - before[c.req.req_id]]
+                     for c in plan.scheduled if c.num_spec_tokens},
             "prefix_cache": {"requests": pc.requests, "queries": pc.queries, "hits": pc.hits,
                              "preempted_requests": pc.preempted_requests,
                              "preempted_queries": pc.preempted_queries,
@@ -137,7 +174,7 @@ def compare(kvsim: dict, vllm: dict, limit: int = 10) -> list[str]:
         if "block_ids_digest" in vs:
             ks = {**ks, "block_ids_digest": block_ids_digest(ks["block_ids"])}
         fields = [f for f in ("scheduled", "preempted", "block_ids", "block_ids_digest",
-                              "num_free_blocks", "prefix_cache") if f in vs]
+                              "num_free_blocks", "prefix_cache", "spec") if f in vs]
         for f in fields:
             a, b = ks[f], vs[f]
             if f == "scheduled":  # order matters: running first, then admissions
