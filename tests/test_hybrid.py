@@ -93,3 +93,30 @@ def test_bad_groups_are_one_line_errors(group, what):
     with pytest.raises(ConfigError) as exc:
         parse_scenario(raw)
     assert "engine.kv_groups[0]" in exc.value.where and what in exc.value.what
+
+
+@pytest.mark.parametrize("version, spec, expected", [
+    # §13 "0.22.1 no spec" and "0.22.1 MTP (drop)": the 32K -> 16K bug.
+    ("0.22.1", {"method": "none"}, [32768, 32768, 32768, 16384]),
+    ("0.22.1", MTP, [16384, 16384, 16384, 0]),
+    ("0.22.0", MTP, [16384, 16384, 16384, 0]),
+    # §9 "After #44082": 46240/40000 -> 32768; 32769 -> 16384; 20000 -> 16384 (drop, fixed).
+    ("0.32.0", MTP, [32768, 32768, 16384, 16384]),
+])
+def test_dsv4_layout_by_version(version, spec, expected):
+    assert [repeat_hit(L, DSV4_GROUPS, spec, version) for L in (46240, 40000, 32769, 20000)] == expected
+
+
+def test_all_groups_flagged_collapses_to_zero_on_0221():
+    # §13: 0.22.1 MTP with no group flagged (all flagged) -> 0.
+    groups = [{k: v for k, v in g.items() if k != "eagle"} for g in DSV4_GROUPS]
+    assert repeat_hit(46240, groups, MTP, "0.22.1") == 0
+
+
+@pytest.mark.parametrize("version, expected", [("0.22.1", 64), ("0.32.0", 80)])
+def test_eagle_look_ahead_bound_changed_in_032(version, expected):
+    # Measured by the version report on both releases' Schedulers (full b = 16 EAGLE + SWA
+    # b = 16, L = 96): 0.22 looks ahead to L - 1 at most, 0.32 as far as the hashes go.
+    groups = [{"kind": "full_attention", "block_size": 16, "eagle": True},
+              {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}]
+    assert repeat_hit(96, groups, {"method": "eagle", "num_speculative_tokens": 1}, version) == expected

@@ -166,3 +166,20 @@ def test_spec_setup_by_method():
     assert (n.params.num_lookahead_tokens, n.params.draft_slots, n.hash_lookahead) == (0, 0, 0)
     p = setup("eagle3", parallel_drafting=True)
     assert p.params.draft_slots == 2
+
+
+@pytest.mark.parametrize("version", ["0.19.0", "0.22.0", "0.22.1", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("method", ["none", "ngram", "eagle"])
+def test_shared_prefix_hits_by_version(version, method):
+    # §3.1 and §13: a finished 1000-token request, then one sharing its first N tokens (b = 16).
+    # No spec / ngram: rd(N, 16) = 800 for N = 800 and 808. EAGLE: drop releases (<= 0.32)
+    # rd(N, 16) - 16 = 784 for both; 0.33 (lookahead hashes) rd(N - 1, 16) = 784, 800.
+    expected = {"none": (800, 800), "ngram": (800, 800),
+                "eagle": (784, 800) if version == "0.33.0" else (784, 784)}[method]
+    assert (shared_prefix_hit(800, method=method, version=version),
+            shared_prefix_hit(808, method=method, version=version)) == expected
+
+
+def test_disable_eagle_block_drop_032():
+    # §3.1: 0.32.0 with disable_eagle_block_drop=True gives 800 for N = 800.
+    assert shared_prefix_hit(800, method="eagle", version="0.32.0", disable_eagle_block_drop=True) == 800
