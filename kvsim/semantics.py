@@ -93,7 +93,8 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 has_prefill_lookahead=False)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
-                                   trim_all_full_groups=False, per_group_eagle_flags=False),
+                                   trim_all_full_groups=False, per_group_eagle_flags=False,
+                                   eagle_swa_must_be_aligned=True),
                 cached_tokens_until_first_token=False)
 
 VERSIONS: dict[str, Semantics] = {

@@ -69,6 +69,8 @@ class HybridRules:
     swa_admission_cap: bool = True  # full-sequence gate caps a window's blocks (0.22+)
     trim_all_full_groups: bool = True  # 0.32+ trims every full-attention group to the hit
     per_group_eagle_flags: bool = True  # 0.19 has none: with EAGLE on, every group drops
+    # 0.19 asserts (the engine dies) on EAGLE with a sliding-window block smaller than U.
+    eagle_swa_must_be_aligned: bool = False
 
 
 class _Group:

@@ -13,8 +13,8 @@ import hashlib
 import json
 from math import lcm
 
-from kvsim.errors import InvariantError
 from kvsim.config import SpecCfg
+from kvsim.errors import InvariantError
 from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager
 from kvsim.kv.pool import BlockPool
@@ -80,8 +80,12 @@ def _accept(req: Request, num_drafts: int) -> int:
     return min(seq[req.num_verify_steps % len(seq)], num_drafts)
 
 
-def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True) -> dict:
-    """Run a driver-format scenario through kvsim; the result follows the driver's schema."""
+def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True,
+          max_steps: int | None = None) -> dict:
+    """Run a driver-format scenario through kvsim; the result follows the driver's schema.
+
+    ``max_steps`` stops early (vLLM's algorithm can thrash forever in some tiny pools).
+    """
     sched = build(scenario.get("engine", {}), version)
     specs = scenario["requests"]
     reqs = []
@@ -104,7 +108,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
 
     while True:
         add_joined(step)
-        if done == len(reqs):
+        if done == len(reqs) or (max_steps is not None and step >= max_steps):
             break
         if not sched.num_unfinished:
             add_joined(min(join[i] for i in pending))
