@@ -16,7 +16,6 @@ import simpy
 
 from kvsim.config import Scenario
 from kvsim.cost import COST_MODELS
-from kvsim.errors import InvariantError
 from kvsim.kv.hybrid import HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager
 from kvsim.kv.pool import BlockPool
@@ -54,7 +53,9 @@ class Records:
     requests: list[Request]
     steps: list[StepRecord] = field(default_factory=list)
     end_s: float = 0.0
-    stopped_by: str | None = None  # "max_steps" / "max_sim_time_s" when a limit cut the run
+    # "max_steps" / "max_sim_time_s" when a limit cut the run; "stall" when vLLM's own
+    # algorithm deadlocks (nothing can be scheduled, requests left).
+    stopped_by: str | None = None
     cost_label: str = ""
 
 
@@ -118,8 +119,10 @@ def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
             if plan.preempted:
                 continue  # everything was preempted: plan again at the same instant
             if sched.num_unfinished:
-                raise InvariantError(f"step {step}: {sched.num_unfinished} unfinished requests "
-                                     "but nothing can be scheduled")
+                # The release deadlocks: the head of the waiting queue can never be admitted
+                # and nothing runs (e.g. 0.19's admission gate without a window cap, #39734).
+                rec.stopped_by = "stall"
+                break
             if nxt == len(reqs):
                 break
             yield env.timeout(reqs[nxt].arrival_s - now)  # idle until the next arrival

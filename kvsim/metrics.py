@@ -148,11 +148,12 @@ def summary_json(summary: dict) -> str:
 def summary_table(summary: dict, out_dir: str | None = None) -> str:
     """A short human-readable table for the terminal."""
     s = summary
+    stop = {None: "", "stall": " (vLLM deadlocks here: the head of the waiting queue can never "
+            "be admitted and nothing runs)"}.get(s["stopped_by"], f" (stopped by {s['stopped_by']})")
     lines = [
         f"kvsim {s['kvsim_version']} · vLLM {s['vllm_version']} semantics · {s['model']} on "
         f"{s['hardware']} · cost model: {s['cost_model']}",
-        f"requests      {s['num_finished']} finished of {s['num_requests']}"
-        f"{' (stopped by ' + s['stopped_by'] + ')' if s['stopped_by'] else ''}; "
+        f"requests      {s['num_finished']} finished of {s['num_requests']}{stop}; "
         f"{s['num_steps']} steps; {s['sim_time_s']:.3f} s simulated",
     ]
     if s["prefix_cache_queries"]:

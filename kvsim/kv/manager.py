@@ -107,7 +107,9 @@ class KVCacheManager:
         return new_blocks
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
-        """Publish the hashes of the request's full blocks up to ``num_tokens``."""
+        """Publish the hashes of the request's full blocks up to ``num_tokens`` (caching on)."""
+        if not self.enable_caching:
+            return
         num_cached = self.num_cached_block.get(req.req_id, 0)
         num_full = max(0, num_tokens - self.num_reprefillable) // self.block_size
         if num_cached >= num_full:
