@@ -164,8 +164,11 @@ class Scheduler:
             self.draft_slots, self.token_budget = params.spec.draft_slots, params.max_num_batched_tokens
         else:
             self.draft_slots = 0
+            # A reservation that leaves exactly 0 falls back to the full budget (vLLM tests
+            # the value for truth); a negative one schedules nothing, ever.
             self.token_budget = (params.max_num_batched_tokens
-                                 - params.spec.draft_slots * params.max_num_seqs)
+                                 - params.spec.draft_slots * params.max_num_seqs
+                                 ) or params.max_num_batched_tokens
         self.waiting = WAITING_QUEUES[params.scheduling_policy]()
         self.running: list[Request] = []
         self.priority_policy = params.scheduling_policy == "priority"

@@ -36,12 +36,11 @@ def spec_setup(sc: Scenario) -> SpecSetup:
     """The accounting consequences of ``[speculative]`` under the scenario's vLLM release."""
     e = sc.engine
     return derive_spec(sc.speculative, e.semantics, e.enable_prefix_caching, e.block_size,
-                       sc.model.num_nextn_predict_layers, e.max_num_batched_tokens, e.max_num_seqs)
+                       sc.model.num_nextn_predict_layers)
 
 
 def derive_spec(s: SpecCfg, sem: Semantics, enable_caching: bool, scheduler_block_size: int,
-                num_nextn_predict_layers: int = 1, max_num_batched_tokens: int | None = None,
-                max_num_seqs: int | None = None) -> SpecSetup:
+                num_nextn_predict_layers: int = 1) -> SpecSetup:
     """As ``spec_setup``, from the parts (also used to replay oracle scenarios)."""
     if not s.enabled:
         return SpecSetup(SpecParams(), False, 0, 0)
@@ -64,12 +63,6 @@ def derive_spec(s: SpecCfg, sem: Semantics, enable_caching: bool, scheduler_bloc
         raise ConfigError("speculative.num_speculative_tokens",
                           f"multi-module MTP with prefix caching needs block_size "
                           f"({scheduler_block_size}) >= num_speculative_tokens ({k}); vLLM refuses it")
-    if (not sem.per_request_draft_slots and slots and max_num_batched_tokens is not None
-            and max_num_batched_tokens - slots * max_num_seqs <= 0):
-        raise ConfigError("engine.max_num_batched_tokens",
-                          f"{max_num_batched_tokens} - {slots} draft slots x max_num_seqs "
-                          f"({max_num_seqs}) leaves no tokens to schedule (vLLM {sem.version} "
-                          "refuses it)")
     return SpecSetup(SpecParams(num_speculative_tokens=k, num_lookahead_tokens=lookahead,
                                 draft_slots=slots, num_prefill_lookahead=prefill_lookahead),
                      eagle_drop, hash_lookahead, max(0, prefill_lookahead - 1))

@@ -1,8 +1,10 @@
 """kvsim against vLLM's own Scheduler, recorded.
 
-tests/fixtures/vllm-0.33.0.json.gz holds fuzzed scenarios (kvsim.oracle.fuzz) together with
-what vLLM 0.33.0's real v1 Scheduler did with them, run on CPU with fake model outputs by
-kvsim/oracle/vllm_driver.py (regenerate with tests/fixtures_make.py). kvsim must reproduce
+tests/fixtures/vllm-<release>[-spec][-hybrid].json.gz hold fuzzed scenarios (kvsim.oracle.fuzz)
+together with what that vLLM release's real v1 Scheduler did with them, run on CPU with fake
+model outputs by kvsim/oracle/vllm_driver.py (regenerate with tests/fixtures_make.py); "-spec"
+files add speculative decoding (drafts accepted per a recorded list), "-hybrid" files several
+KV-cache groups. kvsim must reproduce
 every recorded field: each step's scheduled tokens in order, preemptions, the block tables'
 fingerprint, free blocks and prefix-cache stats; each request's cached tokens, preemptions and
 first/last steps; and the final free-queue order.
@@ -23,8 +25,8 @@ def cases():
     for path in FIXTURES:
         data = json.loads(gzip.decompress(path.read_bytes()))
         for case in data["cases"]:
-            yield pytest.param(data["vllm_version"], case,
-                               id=f"{data['vllm_version']}-seed{case['scenario']['seed']}")
+            name = path.name.removesuffix(".json.gz")
+            yield pytest.param(data["vllm_version"], case, id=f"{name}-seed{case['scenario']['seed']}")
 
 
 @pytest.mark.parametrize("version, case", list(cases()))

@@ -54,7 +54,7 @@ def build(engine: dict, version: str) -> Scheduler:
               for g in e.get("kv_groups") or ()]
     caching = e["enable_prefix_caching"]
     setup = derive_spec(spec, sem, caching, lcm(*(g.block_size for g in groups)) if groups
-                        else e["block_size"], 1, e["max_num_batched_tokens"], e["max_num_seqs"])
+                        else e["block_size"])
     pool = BlockPool(e["num_gpu_blocks"], caching, sem.free_unhashed_to_front)
     if groups:
         kv = HybridKVCacheManager(pool, groups, e["max_model_len"], caching,
