@@ -87,14 +87,15 @@ _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
 _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width=False,
-                hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False),
+                hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False,
+                                   partial_tail_hashes=False),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
                 lookahead_on_admission=False, per_request_draft_slots=False,
                 has_prefill_lookahead=False)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,
-                                   eagle_swa_must_be_aligned=True),
+                                   eagle_swa_must_be_aligned=True, partial_tail_hashes=False),
                 cached_tokens_until_first_token=False)
 
 VERSIONS: dict[str, Semantics] = {

@@ -71,6 +71,8 @@ class HybridRules:
     per_group_eagle_flags: bool = True  # 0.19 has none: with EAGLE on, every group drops
     # 0.19 asserts (the engine dies) on EAGLE with a sliding-window block smaller than U.
     eagle_swa_must_be_aligned: bool = False
+    # 0.32+ publish the prompt tail inside a coarse full-attention block (partial entry).
+    partial_tail_hashes: bool = True
 
 
 class _Group:
@@ -382,18 +384,40 @@ class HybridKVCacheManager:
         for g in self.groups:
             keys = self._group_keys(req, g)
             num_cached = g.num_cached.get(req.req_id, 0)
-            num_full = min(self._cacheable_tokens(g, num_computed) // g.block_size, len(keys))
-            if num_cached >= num_full:
-                continue
-            mask = self._mask(g, num_cached, num_full)
-            table = g.tables[req.req_id]
-            if mask is None:
-                self.pool.cache_full_blocks(table, keys, num_cached, num_full)
-            else:
-                for i, keep in zip(range(num_cached, num_full), mask):
-                    if keep:
-                        self.pool.cache_full_blocks(table, keys, i, i + 1)
-            g.num_cached[req.req_id] = num_full
+            cacheable = self._cacheable_tokens(g, num_computed)
+            num_full = min(cacheable // g.block_size, len(keys))
+            if num_cached < num_full:
+                self._cache_full(req, g, keys, num_cached, num_full)
+            if (self.rules.partial_tail_hashes and g.spec.kind == "full_attention"
+                    and g.block_size != self.hash_block_size):
+                self._cache_partial_tail(req, g, cacheable)
+
+    def _cache_full(self, req: Request, g: _Group, keys: list[int], num_cached: int,
+                    num_full: int) -> None:
+        mask = self._mask(g, num_cached, num_full)
+        table = g.tables[req.req_id]
+        if mask is None:
+            self.pool.cache_full_blocks(table, keys, num_cached, num_full, g.block_size)
+        else:
+            for i, keep in zip(range(num_cached, num_full), mask):
+                if keep:
+                    self.pool.cache_full_blocks(table, keys, i, i + 1, g.block_size)
+        g.num_cached[req.req_id] = num_full
+
+    def _cache_partial_tail(self, req: Request, g: _Group, num_tokens: int) -> None:
+        """0.32+: a full-attention block coarser than the hash unit that holds the end of the
+        prompt is also published under the fine hash of that end (the prompt-tail entry that
+        fine-grained lookups can hit); this changes where the block goes when freed."""
+        H = self.hash_block_size
+        limit = req.num_prompt_tokens if g.use_eagle else req.num_prompt_tokens - 1
+        boundary = min(limit // H, len(req.block_hashes)) * H
+        if boundary == 0 or boundary > num_tokens or boundary % g.block_size == 0:
+            return
+        table = g.tables.get(req.req_id, ())
+        idx = boundary // g.block_size
+        if idx < len(table):
+            key = req.block_hashes[boundary // H - 1] * len(self.groups) + g.gid
+            self.pool.cache_partial_block(table[idx], key, boundary)
 
     # -- freeing and checks --------------------------------------------------------------
 

@@ -118,7 +118,8 @@ class KVCacheManager:
         num_full = min(num_full, len(hashes))  # lookahead hashes trail the tokens
         if num_cached >= num_full:
             return
-        self.pool.cache_full_blocks(self.req_to_blocks[req.req_id], hashes, num_cached, num_full)
+        self.pool.cache_full_blocks(self.req_to_blocks[req.req_id], hashes, num_cached, num_full,
+                                    self.block_size)
         self.num_cached_block[req.req_id] = num_full
 
     def free(self, req: Request) -> None:

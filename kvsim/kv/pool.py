@@ -23,12 +23,13 @@ from kvsim.errors import InvariantError
 
 
 class Block:
-    __slots__ = ("block_id", "ref_cnt", "block_hash")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "hash_tokens")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: int | None = None
+        self.hash_tokens = 0  # prefix length the primary hash covers
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -50,6 +51,8 @@ class BlockPool:
         # hash -> the block, or {block_id: block} in insertion order when the same content
         # was computed twice (vLLM does not de-duplicate; a lookup returns the oldest).
         self.cached: dict[int, Block | dict[int, Block]] = {}
+        # Further keys of a block beyond its primary hash (hybrid partial-tail entries).
+        self.extra_hashes: dict[int, set[int]] = {}
 
     # -- queries -------------------------------------------------------------------------
 
@@ -78,7 +81,7 @@ class BlockPool:
         for _ in range(num_blocks):
             _, blk = queue.popitem(last=False)
             if blk.block_hash is not None:
-                self._evict(blk)
+                self._remove_hashes(blk)
             blk.ref_cnt = 1
             out.append(blk)
         return out
@@ -113,36 +116,62 @@ class BlockPool:
             queue[blk.block_id] = blk
 
     def cache_full_blocks(self, blocks: list[Block], block_hashes: list[int],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
+                          num_cached_blocks: int, num_full_blocks: int, block_size: int) -> None:
         """Publish ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
-        cached = self.cached
         for i in range(num_cached_blocks, num_full_blocks):
             blk = blocks[i]
             if blk is self.null_block:
                 continue
-            h = block_hashes[i]
-            blk.block_hash = h
-            entry = cached.get(h)
-            if entry is None:
-                cached[h] = blk
-            elif isinstance(entry, Block):
-                cached[h] = {entry.block_id: entry, blk.block_id: blk}
-            else:
-                entry[blk.block_id] = blk
+            if blk.block_hash is not None:  # a partial entry promoted to a full block
+                self._remove_hashes(blk)
+            self._insert_hash(block_hashes[i], blk, (i + 1) * block_size)
 
-    def _evict(self, blk: Block) -> None:
-        h = blk.block_hash
-        entry = self.cached.get(h)
-        if isinstance(entry, Block):
-            if entry is blk:
-                del self.cached[h]
-        elif entry is not None:
-            entry.pop(blk.block_id, None)
-            if len(entry) == 1:
-                self.cached[h] = next(iter(entry.values()))
-            elif not entry:
-                del self.cached[h]
-        blk.block_hash = None
+    def cache_partial_block(self, blk: Block, key: int, num_tokens: int) -> None:
+        """Make ``blk`` reachable from a prefix boundary inside it (vLLM 0.32+'s partial entry).
+
+        A shorter entry the block already carries is replaced.
+        """
+        if blk is self.null_block:
+            return
+        already = blk.block_hash == key or self._contains(key, blk)
+        if not already and blk.block_hash is not None and blk.hash_tokens < num_tokens:
+            self._remove_hashes(blk)
+        self._insert_hash(key, blk, num_tokens)
+
+    def _contains(self, key: int, blk: Block) -> bool:
+        entry = self.cached.get(key)
+        return entry is blk or (isinstance(entry, dict) and blk.block_id in entry)
+
+    def _insert_hash(self, key: int, blk: Block, num_tokens: int) -> None:
+        if blk.block_hash == key or self._contains(key, blk):
+            return
+        if blk.block_hash is None:
+            blk.block_hash, blk.hash_tokens = key, num_tokens
+        else:
+            self.extra_hashes.setdefault(blk.block_id, set()).add(key)
+        entry = self.cached.get(key)
+        if entry is None:
+            self.cached[key] = blk
+        elif isinstance(entry, Block):
+            self.cached[key] = {entry.block_id: entry, blk.block_id: blk}
+        else:
+            entry[blk.block_id] = blk
+
+    def _remove_hashes(self, blk: Block) -> None:
+        """Drop every key the block is published under (eviction, or promotion)."""
+        keys = [blk.block_hash, *self.extra_hashes.pop(blk.block_id, ())]
+        for h in keys:
+            entry = self.cached.get(h)
+            if isinstance(entry, Block):
+                if entry is blk:
+                    del self.cached[h]
+            elif entry is not None:
+                entry.pop(blk.block_id, None)
+                if len(entry) == 1:
+                    self.cached[h] = next(iter(entry.values()))
+                elif not entry:
+                    del self.cached[h]
+        blk.block_hash, blk.hash_tokens = None, 0
 
     # -- checks --------------------------------------------------------------------------
 
@@ -167,17 +196,18 @@ class BlockPool:
             if expected_ref_cnt is not None and blk.ref_cnt != expected_ref_cnt.get(blk.block_id, 0):
                 raise InvariantError(f"{blk} is held by {expected_ref_cnt.get(blk.block_id, 0)} "
                                      "block tables")
-            if blk.block_hash is not None:
-                entry = self.cached.get(blk.block_hash)
-                members = (entry,) if isinstance(entry, Block) else (entry or {}).values()
-                if not any(m is blk for m in members):
-                    raise InvariantError(f"{blk} is hashed but not in the hash map")
+            if blk.block_hash is None and blk.block_id in self.extra_hashes:
+                raise InvariantError(f"{blk} has extra keys but no primary hash")
+            for h in ([blk.block_hash] if blk.block_hash is not None else []) + sorted(
+                    self.extra_hashes.get(blk.block_id, ())):
+                if not self._contains(h, blk):
+                    raise InvariantError(f"{blk} is published under {h} but not in the hash map")
         for h, entry in self.cached.items():
             members = (entry,) if isinstance(entry, Block) else tuple(entry.values())
             if not members or (not isinstance(entry, Block) and len(members) < 2):
                 raise InvariantError(f"hash {h} has a malformed entry {entry!r}")
             for m in members:
-                if m.block_hash != h:
+                if m.block_hash != h and h not in self.extra_hashes.get(m.block_id, ()):
                     raise InvariantError(f"hash map has {m} under {h}")
         if len(queue) + used + 1 != self.num_gpu_blocks:
             raise InvariantError(f"free {len(queue)} + used {used} + null != {self.num_gpu_blocks}")

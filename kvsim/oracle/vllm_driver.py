@@ -17,9 +17,54 @@ Input schema (every engine key is optional; the defaults are below):
           enable_prefix_caching, max_num_batched_tokens, max_num_seqs,
           max_model_len, enable_chunked_prefill, long_prefill_token_threshold,
           scheduling_policy ("fcfs" | "priority"), scheduler_reserve_full_isl
+    optional, absent = off:
+          speculative: {method: "eagle" | "eagle3" | "mtp" | "ngram" |
+                        "draft_model", num_speculative_tokens: k,
+                        disable_eagle_block_drop, disable_lookahead_block_hashes,
+                        parallel_drafting (bools; passed on only when true, and
+                        only to releases that have them, else a warning),
+                        prompt_lookup_min, prompt_lookup_max (ngram),
+                        mtp_num_layers (mtp: the draft's num_nextn_predict_layers,
+                        default 1; > 1 is multi-module MTP)}
+          kv_groups: [{kind: "full_attention" | "sliding_window" | "mamba",
+                       block_size, sliding_window (sliding_window only),
+                       eagle (bool), num_layers (default 1)}, ...]
+          mamba_cache_mode: "align" | "none" (default: "align" with prefix
+                       caching, else "none"; read only when a mamba group exists)
+          async_scheduling: bool (default false)
   requests[]: req_id, prompt_token_ids, max_tokens, priority (default 0),
           arrival_time (default 0.0), join_step (default 0),
-          output_token_id (default -1: the token every sampling step returns)
+          output_token_id (default -1: the token every sampling step returns),
+          accepted (spec decoding only; list of ints, default [0]: at the
+          request's j-th verify step the number of accepted drafts is
+          min(accepted[j % len(accepted)], drafts scheduled for it that step))
+
+How the engine is built (mirrors EngineCore of the release at hand):
+  * Model: a tiny Llama config.json (no weights, no tokenizer).
+  * speculative: a real SpeculativeConfig(target_model_config,
+    target_parallel_config, ...). eagle / eagle3 / draft_model use a local draft
+    folder holding the same tiny Llama config (architecture LlamaForCausalLM);
+    mtp uses a local tiny DeepSeek-V3 config (num_nextn_predict_layers =
+    mtp_num_layers), which the release rewrites to deepseek_mtp; ngram needs no
+    model. The request block hasher is
+    get_request_block_hasher(hash_block_size, hash_fn,
+    vllm_config.num_hash_lookahead_tokens) where the release has that argument
+    (0.33), else get_request_block_hasher(hash_block_size, hash_fn).
+  * kv_groups: one KVCacheGroupSpec per entry, FullAttentionSpec /
+    SlidingWindowSpec / MambaSpec, all in one KVCacheConfig(num_gpu_blocks).
+    Sliding-window specs get extra_retained_tokens = num_prefill_lookahead - 1
+    where the release has it (as its KV-cache planner does). Mamba specs get
+    mamba_cache_mode and num_speculative_blocks = k. As EngineCore does,
+    cache_config.block_size becomes the smallest prefix-cacheable group block
+    size, and (block_size, hash_block_size) come from the release's
+    resolve_kv_cache_block_sizes. A group's is_eagle_group is set from "eagle"
+    only when speculative decoding is on and the release's planner would
+    annotate groups (0.33: SpeculativeConfig.use_eagle_block_drop()); otherwise
+    a warning says the flag was ignored. Without kv_groups the single
+    full-attention group is built as before and never flagged (a lone group is
+    flagged by the coordinator's fallback anyway).
+  * Fields that had to be set on the built config by hand (because the tiny
+    Llama model config would not produce them) are listed in "warnings".
 
 Drive loop: see drive(). The output schema is documented in drive()'s
 docstring.
@@ -27,7 +72,7 @@ docstring.
 The script re-executes itself with PYTHONHASHSEED=0 unless that is already
 set, so NONE_HASH, and with it every block hash, is the same in every run.
 Tested against vLLM 0.33.0. Older releases are handled by inspecting
-signatures, but that path has not been tested.
+signatures.
 """
 
 from __future__ import annotations
@@ -49,6 +94,7 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 import atexit  # noqa: E402
+import collections  # noqa: E402
 import dataclasses  # noqa: E402
 import inspect  # noqa: E402
 import shutil  # noqa: E402
@@ -107,6 +153,38 @@ _TINY_LLAMA = {
     "eos_token_id": 2,
 }
 
+# A tiny DeepSeek-V3 config, the MTP draft: SpeculativeConfig rewrites
+# deepseek_v3 to deepseek_mtp (DeepSeekMTPModel). Weights are never loaded.
+_TINY_DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 1,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 16,
+    "vocab_size": 32000,
+    "max_position_embeddings": 1 << 20,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+    "num_nextn_predict_layers": 1,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
 ENGINE_DEFAULTS = {
     "block_size": 16,
     "num_gpu_blocks": 64,
@@ -119,30 +197,73 @@ ENGINE_DEFAULTS = {
     "scheduling_policy": "fcfs",
     "scheduler_reserve_full_isl": True,
 }
+# Optional engine keys; absent means off (the behaviour before they existed).
+ENGINE_OPTIONAL = ("speculative", "kv_groups", "mamba_cache_mode", "async_scheduling")
+SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
+SPEC_FLAGS = (
+    "disable_eagle_block_drop",
+    "disable_lookahead_block_hashes",
+    "parallel_drafting",
+)
+SPEC_KEYS = {
+    "method",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "mtp_num_layers",
+    *SPEC_FLAGS,
+}
+GROUP_KINDS = ("full_attention", "sliding_window", "mamba")
+GROUP_KEYS = {"kind", "block_size", "sliding_window", "eagle", "num_layers"}
 
-_MODEL_DIR: str | None = None
+_MODEL_DIRS: dict[str, str] = {}
+
+
+def _config_dir(name: str, config: dict) -> str:
+    """A temporary folder holding only config.json (made once per process)."""
+    d = _MODEL_DIRS.get(name)
+    if d is None:
+        d = tempfile.mkdtemp(prefix=f"kvsim-oracle-{name}-")
+        atexit.register(shutil.rmtree, d, True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f)
+        _MODEL_DIRS[name] = d
+    return d
 
 
 def _model_dir() -> str:
-    global _MODEL_DIR
-    if _MODEL_DIR is None:
-        d = tempfile.mkdtemp(prefix="kvsim-oracle-llama-")
-        atexit.register(shutil.rmtree, d, True)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(_TINY_LLAMA, f)
-        _MODEL_DIR = d
-    return _MODEL_DIR
+    return _config_dir("llama", _TINY_LLAMA)
+
+
+def _mtp_dir(num_layers: int) -> str:
+    cfg = dict(_TINY_DEEPSEEK_V3, num_nextn_predict_layers=int(num_layers))
+    return _config_dir(f"deepseek-mtp{int(num_layers)}", cfg)
 
 
 def _accepted_params(fn) -> set[str] | None:
-    """Parameter names fn (or a class constructor) accepts; None if any."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # pragma: no cover
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        return None
-    return set(sig.parameters)
+    """Parameter names fn (or a class constructor) accepts; None if any.
+
+    A class whose constructor only forwards (*args, **kwargs), such as
+    AsyncScheduler, is judged by the first base class that names its
+    parameters.
+    """
+    targets = list(fn.__mro__) if inspect.isclass(fn) else [fn]
+    for target in targets:
+        if target is object:
+            break
+        try:
+            sig = inspect.signature(target)
+        except (TypeError, ValueError):  # pragma: no cover
+            return None
+        params = sig.parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            if inspect.isclass(fn) and all(
+                p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in params
+            ):
+                continue  # a pure forwarder: look at the base class
+            return None
+        return set(sig.parameters)
+    return None
 
 
 def _call_filtered(fn, kwargs: dict, dropped: list[str], what: str):
@@ -155,22 +276,176 @@ def _call_filtered(fn, kwargs: dict, dropped: list[str], what: str):
     return fn(**kwargs)
 
 
-# (hash_fn, num_hash_lookahead_tokens, hash_block_size) -> block hasher.
-_HASHERS: dict = {}
-_NONE_HASH_FN = None
+def _check_speculative(spec) -> dict:
+    if not isinstance(spec, dict):
+        raise ValueError("engine.speculative must be an object")
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise ValueError(f"unknown engine.speculative keys: {sorted(unknown)}")
+    if spec.get("method") not in SPEC_METHODS:
+        raise ValueError(f"engine.speculative.method must be one of {SPEC_METHODS}")
+    k = spec.get("num_speculative_tokens")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError("engine.speculative.num_speculative_tokens must be an int >= 1")
+    return spec
+
+
+def _check_kv_groups(groups) -> list[dict]:
+    if not isinstance(groups, list) or not groups:
+        raise ValueError("engine.kv_groups must be a non-empty list")
+    for i, g in enumerate(groups):
+        if not isinstance(g, dict):
+            raise ValueError(f"engine.kv_groups[{i}] must be an object")
+        unknown = set(g) - GROUP_KEYS
+        if unknown:
+            raise ValueError(f"unknown engine.kv_groups[{i}] keys: {sorted(unknown)}")
+        if g.get("kind") not in GROUP_KINDS:
+            raise ValueError(f"engine.kv_groups[{i}].kind must be one of {GROUP_KINDS}")
+        if int(g.get("block_size", 0)) < 1:
+            raise ValueError(f"engine.kv_groups[{i}].block_size must be >= 1")
+        if (g["kind"] == "sliding_window") != ("sliding_window" in g):
+            raise ValueError(
+                f"engine.kv_groups[{i}]: sliding_window is required for, and only "
+                "allowed with, kind sliding_window"
+            )
+        if int(g.get("num_layers", 1)) < 1:
+            raise ValueError(f"engine.kv_groups[{i}].num_layers must be >= 1")
+    if sum(g["kind"] == "mamba" for g in groups) > 1:
+        raise ValueError("at most one mamba group is supported")
+    return groups
+
+
+def _build_speculative_config(spec: dict, model_config, parallel_config, dropped):
+    from vllm.config import SpeculativeConfig
+
+    method = spec["method"]
+    kw: dict = dict(
+        method=method,
+        num_speculative_tokens=int(spec["num_speculative_tokens"]),
+        target_model_config=model_config,
+        target_parallel_config=parallel_config,
+    )
+    if method in ("eagle", "eagle3", "draft_model"):
+        kw["model"] = _model_dir()
+    elif method == "mtp":
+        kw["model"] = _mtp_dir(int(spec.get("mtp_num_layers", 1)))
+    elif method == "ngram":
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            if key in spec:
+                kw[key] = int(spec[key])
+    for flag in SPEC_FLAGS:
+        if spec.get(flag):
+            kw[flag] = True
+    sc = _call_filtered(SpeculativeConfig, kw, dropped, "SpeculativeConfig")
+    if sc.method != method:
+        raise RuntimeError(f"SpeculativeConfig changed method {method!r} to {sc.method!r}")
+    return sc
+
+
+def _annotates_eagle_groups(spec_config) -> bool:
+    """Whether the release's KV-cache planner would set is_eagle_group at all."""
+    if spec_config is None:
+        return False
+    f = getattr(spec_config, "use_eagle_block_drop", None)  # 0.32 and later
+    if callable(f):
+        return bool(f())
+    return bool(spec_config.use_eagle())
+
+
+def _group_spec(g: dict, vllm_config, warnings: list[str]):
+    from vllm.v1 import kv_cache_interface as kvi
+
+    kind = g["kind"]
+    b = int(g["block_size"])
+    dropped: list[str] = []
+    if kind == "full_attention":
+        spec = FullAttentionSpec(
+            block_size=b, num_kv_heads=1, head_size=64, dtype=torch.float32
+        )
+    elif kind == "sliding_window":
+        kw = dict(
+            block_size=b,
+            num_kv_heads=1,
+            head_size=64,
+            dtype=torch.float32,
+            sliding_window=int(g["sliding_window"]),
+        )
+        extra = max(0, int(getattr(vllm_config, "num_prefill_lookahead_tokens", 0)) - 1)
+        if extra:
+            kw["extra_retained_tokens"] = extra
+        spec = _call_filtered(kvi.SlidingWindowSpec, kw, dropped, "SlidingWindowSpec")
+    else:
+        # As MambaBase.get_kv_cache_spec builds it (no ReplaySSM).
+        sc = vllm_config.speculative_config
+        kw = dict(
+            block_size=b,
+            shapes=((4, 16),),
+            dtypes=(torch.float32,),
+            num_speculative_blocks=int(sc.num_speculative_tokens) if sc is not None else 0,
+        )
+        mode = getattr(vllm_config.cache_config, "mamba_cache_mode", None)
+        if mode is not None:
+            kw["mamba_cache_mode"] = mode
+        spec = _call_filtered(kvi.MambaSpec, kw, dropped, "MambaSpec")
+    warnings.extend(f"KV spec field not supported by this vLLM: {d}" for d in dropped)
+    return spec
+
+
+def _batch_queue_rule() -> str:
+    """How this release's EngineCore.step_with_batch_queue decides, after
+    queueing a batch, whether to return without waiting for the oldest one.
+
+    "has_requests" (0.32, 0.33): when the queue is not full and (the batch
+    scheduled tokens or the scheduler still has requests).
+    "not_done" (0.19 - 0.22): when the batch scheduled tokens, the queue is
+    not full and the oldest batch's output is not ready yet. The driver
+    takes it as never ready (the device is still busy with it), the usual
+    case under load; a real engine decides by timing.
+    Read from the release's own vllm/v1/engine/core.py.
+    """
+    path = os.path.join(os.path.dirname(vllm.__file__), "v1", "engine", "core.py")
+    with open(path) as f:
+        src = f.read()
+    i = src.find("def step_with_batch_queue")
+    body = src[i : src.find("\n    def ", i + 1)] if i >= 0 else ""
+    if "model_executed or self.scheduler.has_requests()" in body:
+        return "has_requests"
+    if "not batch_queue[-1][0].done()" in body:
+        return "not_done"
+    raise RuntimeError("unrecognised EngineCore.step_with_batch_queue in this vLLM")
 
 
 def build_scheduler(engine: dict):
-    """Return (scheduler, request_block_hasher or None, warnings)."""
+    """Return (scheduler, request_block_hasher or None, warnings, info)."""
     e = dict(ENGINE_DEFAULTS)
-    unknown = set(engine) - set(ENGINE_DEFAULTS)
+    unknown = set(engine) - set(ENGINE_DEFAULTS) - set(ENGINE_OPTIONAL)
     if unknown:
         raise ValueError(f"unknown engine keys: {sorted(unknown)}")
     e.update(engine)
-    block_size = int(e["block_size"])
+    spec_in = engine.get("speculative")
+    if spec_in is not None:
+        spec_in = _check_speculative(spec_in)
+    groups_in = engine.get("kv_groups")
+    if groups_in is not None:
+        groups_in = _check_kv_groups(groups_in)
+    async_sched = bool(engine.get("async_scheduling", False))
     num_blocks = int(e["num_gpu_blocks"])
     max_model_len = int(e["max_model_len"])
+    prefix_caching = bool(e["enable_prefix_caching"])
     dropped: list[str] = []
+    warnings: list[str] = []
+
+    block_size = int(e["block_size"])
+    mamba_groups = [g for g in groups_in or () if g["kind"] == "mamba"]
+    if groups_in is not None:
+        # EngineCore sets cache_config.block_size to the smallest block size of
+        # the prefix-cacheable groups (all kinds offered here are).
+        block_size = min(int(g["block_size"]) for g in groups_in)
+        if "block_size" in engine and int(engine["block_size"]) != block_size:
+            warnings.append(
+                f"engine.block_size {engine['block_size']} replaced by {block_size}, "
+                "the smallest kv_groups block size, as EngineCore does"
+            )
 
     model_config = ModelConfig(
         model=_model_dir(),
@@ -190,33 +465,46 @@ def build_scheduler(engine: dict):
             long_prefill_token_threshold=int(e["long_prefill_token_threshold"]),
             policy=str(e["scheduling_policy"]),
             scheduler_reserve_full_isl=bool(e["scheduler_reserve_full_isl"]),
-            async_scheduling=False,
+            async_scheduling=async_sched,
         ),
         dropped,
         "SchedulerConfig",
     )
-    cache_config = CacheConfig(
-        block_size=block_size,
-        enable_prefix_caching=bool(e["enable_prefix_caching"]),
-    )
-    vllm_config = VllmConfig(
+    cache_kwargs: dict = dict(block_size=block_size, enable_prefix_caching=prefix_caching)
+    mamba_mode = None
+    if mamba_groups:
+        mamba_mode = str(engine.get("mamba_cache_mode") or ("align" if prefix_caching else "none"))
+        cache_kwargs["mamba_cache_mode"] = mamba_mode
+        if prefix_caching:
+            cache_kwargs["mamba_block_size"] = int(mamba_groups[0]["block_size"])
+    cache_config = _call_filtered(CacheConfig, cache_kwargs, dropped, "CacheConfig")
+    vc_kwargs: dict = dict(
         model_config=model_config,
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
     )
+    if spec_in is not None:
+        from vllm.config import ParallelConfig
+
+        parallel_config = ParallelConfig()
+        vc_kwargs["parallel_config"] = parallel_config
+        vc_kwargs["speculative_config"] = _build_speculative_config(
+            spec_in, model_config, parallel_config, dropped
+        )
+    vllm_config = VllmConfig(**vc_kwargs)
     # VllmConfig's post-init may rewrite settings. Check that the ones the
     # oracle depends on survived.
     sc = vllm_config.scheduler_config
     checks = {
-        "async_scheduling": (bool(getattr(sc, "async_scheduling", False)), False),
+        "async_scheduling": (bool(getattr(sc, "async_scheduling", False)), async_sched),
         "enable_chunked_prefill": (
             bool(sc.enable_chunked_prefill),
             bool(e["enable_chunked_prefill"]),
         ),
         "enable_prefix_caching": (
             bool(vllm_config.cache_config.enable_prefix_caching),
-            bool(e["enable_prefix_caching"]),
+            prefix_caching,
         ),
         "long_prefill_token_threshold": (
             int(sc.long_prefill_token_threshold),
@@ -229,14 +517,26 @@ def build_scheduler(engine: dict):
         "max_model_len": (int(vllm_config.model_config.max_model_len), max_model_len),
         "block_size": (int(vllm_config.cache_config.block_size), block_size),
     }
+    if spec_in is not None:
+        got = vllm_config.speculative_config
+        checks["speculative"] = (
+            (got.method, int(got.num_speculative_tokens)) if got is not None else None,
+            (spec_in["method"], int(spec_in["num_speculative_tokens"])),
+        )
     for name, (got, want) in checks.items():
         if got != want:
             raise RuntimeError(f"VllmConfig changed {name}: wanted {want}, got {got}")
+    got_mode = getattr(vllm_config.cache_config, "mamba_cache_mode", mamba_mode)
+    if mamba_groups and got_mode != mamba_mode:
+        warnings.append(
+            f"set cache_config.mamba_cache_mode={mamba_mode!r} by hand "
+            f"(VllmConfig made it {got_mode!r} for the tiny Llama model)"
+        )
+        vllm_config.cache_config.mamba_cache_mode = mamba_mode
 
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
+    spec_config = vllm_config.speculative_config
+    if groups_in is None:
+        groups = [
             KVCacheGroupSpec(
                 ["model.layers.0.self_attn.attn"],
                 FullAttentionSpec(
@@ -246,7 +546,40 @@ def build_scheduler(engine: dict):
                     dtype=torch.float32,
                 ),
             )
-        ],
+        ]
+    else:
+        has_flag = "is_eagle_group" in {
+            f.name for f in dataclasses.fields(KVCacheGroupSpec)
+        }
+        annotate = _annotates_eagle_groups(spec_config)
+        groups = []
+        layer = 0
+        for i, g in enumerate(groups_in):
+            n = int(g.get("num_layers", 1))
+            suffix = "mixer" if g["kind"] == "mamba" else "self_attn.attn"
+            names = [f"model.layers.{layer + j}.{suffix}" for j in range(n)]
+            layer += n
+            kw: dict = {}
+            if g.get("eagle"):
+                if not has_flag:
+                    warnings.append(
+                        f"kv_groups[{i}].eagle ignored: this vLLM has no "
+                        "KVCacheGroupSpec.is_eagle_group"
+                    )
+                elif not annotate:
+                    warnings.append(
+                        f"kv_groups[{i}].eagle ignored: this vLLM flags groups only "
+                        "with an EAGLE-family drafter that uses the block drop"
+                    )
+                else:
+                    kw["is_eagle_group"] = True
+            groups.append(
+                KVCacheGroupSpec(names, _group_spec(g, vllm_config, warnings), **kw)
+            )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=groups,
     )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     vllm_config.cache_config.num_cpu_blocks = 0
@@ -254,10 +587,31 @@ def build_scheduler(engine: dict):
     resolve = getattr(kv_cache_utils, "resolve_kv_cache_block_sizes", None)
     if resolve is not None:
         scheduler_block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
+        resolve_align = getattr(kv_cache_utils, "resolve_cache_hit_alignment_tokens", None)
+        if resolve_align is not None and hasattr(kv_cache_config, "hash_block_size"):
+            # EngineCore records these on the config (read by connectors only).
+            kv_cache_config.hash_block_size = hash_block_size
+            kv_cache_config.cache_hit_alignment_tokens = resolve_align(
+                kv_cache_config, vllm_config, scheduler_block_size, hash_block_size
+            )
     else:  # pragma: no cover - older releases
         scheduler_block_size = hash_block_size = block_size
+        if groups_in is not None and len(groups_in) > 1:
+            warnings.append(
+                "this vLLM has no resolve_kv_cache_block_sizes; the Scheduler "
+                "derives its block sizes itself"
+            )
+    sched_cls = Scheduler
+    if async_sched:
+        get_cls = getattr(vllm_config.scheduler_config, "get_scheduler_cls", None)
+        if get_cls is not None:
+            sched_cls = get_cls()
+        else:  # pragma: no cover
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+            sched_cls = AsyncScheduler
     sched = _call_filtered(
-        Scheduler,
+        sched_cls,
         dict(
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,
@@ -290,8 +644,28 @@ def build_scheduler(engine: dict):
                     raise RuntimeError("hash lookahead needs a newer vLLM")
                 hasher = get_request_block_hasher(hash_block_size, hash_fn)
             _HASHERS[key] = hasher
-    warnings = [f"engine setting not supported by this vLLM: {d}" for d in dropped]
-    return sched, hasher, warnings
+    warnings = [f"engine setting not supported by this vLLM: {d}" for d in dropped] + warnings
+    queue_size = 1
+    queue_rule = "has_requests"
+    if async_sched:
+        # 0.19: EngineCore reads max_concurrent_batches from the executor
+        # (uniproc/multiproc: 2 with async scheduling and no PP).
+        queue_size = int(getattr(vllm_config, "max_concurrent_batches", 2) or 2)
+        queue_rule = _batch_queue_rule()
+    info = {
+        "num_groups": len(groups),
+        "nested_block_ids": groups_in is not None,
+        "spec_k": int(spec_in["num_speculative_tokens"]) if spec_in is not None else 0,
+        "async": async_sched,
+        "queue_size": queue_size,
+        "queue_rule": queue_rule,
+    }
+    return sched, hasher, warnings, info
+
+
+# (hash_fn, num_hash_lookahead_tokens, hash_block_size) -> block hasher.
+_HASHERS: dict = {}
+_NONE_HASH_FN = None
 
 
 def _make_request(spec: dict, hasher) -> Request:
@@ -330,6 +704,15 @@ def _model_runner_output(req_ids: list[str], sampled: list[list[int]]):
     return ModelRunnerOutput(**kwargs)
 
 
+DRAFT_TOKEN_ID = 2**30 + 7  # any id that is not vLLM's -1 placeholder
+
+
+def _draft_token_ids(req_ids: list[str], drafts: list[list[int]]):
+    from vllm.v1.outputs import DraftTokenIds
+
+    return DraftTokenIds(req_ids, drafts)
+
+
 _STAT_KEYS = (
     "requests",
     "queries",
@@ -349,29 +732,83 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
 
     Loop. `step` counts the schedule() calls that scheduled more than 0 tokens.
     Before each schedule() call, every not-yet-added request with
-    join_step <= step is added, in input order. After schedule(), each
-    scheduled request whose prompt is complete
-    (num_computed_tokens >= num_tokens) samples [output_token_id]. A partial
-    prefill chunk samples []. Then update_from_output runs. The loop ends when
-    every request has finished.
+    join_step <= step is added, in input order. Right after schedule(), each
+    scheduled request whose prompt is complete (it is not a partial prefill
+    chunk: num_computed_tokens >= num_tokens, plus the output placeholders
+    under async scheduling) is given the sampled list
+    [output_token_id] * (1 + a), where a = 0 without spec decoding and
+    a = min(accepted[j % len(accepted)], drafts scheduled for it this step)
+    at its j-th verify step (a step in which it had scheduled drafts). A
+    partial prefill chunk samples []. update_from_output then takes that list.
+    The loop ends when every request has finished.
     When everything added so far has finished and the rest would join at a
     later step, that step can never come, because idle calls do not count.
     The driver then does what an idle EngineCore would: one empty
     schedule()/update_from_output if the scheduler still holds finished ids,
     then it adds the batch with the next join_step.
-    A schedule() call that schedules 0 tokens while unfinished requests
-    exist is a stall: "error" and "stall" are set and the run stops.
+    A schedule() call that schedules 0 tokens, with unfinished requests and
+    no batch that scheduled tokens still in flight, and no preemption, is a
+    stall: "error" and "stall" are set and the run stops. (A call that
+    schedules 0 tokens only because it preempted everything is not a step;
+    the engine simply schedules again.)
+
+    Synchronous scheduling (the default) is EngineCore.step + post_step:
+    schedule(); update_from_output(); then, with spec decoding and when the
+    model executed (tokens > 0) and the scheduler output does not say
+    skip_drafts, update_draft_token_ids with k drafts, all output_token_id,
+    for every request that sampled this step and is still unfinished (what
+    the model runner proposes; the scheduler ignores drafts for prefill chunks
+    itself). Drafts are never attached under async scheduling: there the
+    AsyncScheduler schedules placeholder drafts itself, as with a real worker.
+
+    async_scheduling: EngineCore.step_with_batch_queue, with the batch queue
+    size the release gives (VllmConfig.max_concurrent_batches in 0.32/0.33,
+    the executor's in older releases; 2 with async scheduling and no
+    pipeline parallelism). Each iteration (one call of that method; requests
+    due join before it, as between EngineCore steps):
+      1. if scheduler.has_requests(): schedule() a batch and push it on the
+         queue; then return early, i.e. go to the next iteration without
+         waiting, if the queue is not full and
+           0.32 / 0.33: the batch scheduled tokens or the scheduler still
+                        has requests;
+           0.19 - 0.22: the batch scheduled tokens and the oldest queued
+                        batch is not finished yet; the driver takes it as
+                        never finished in time (the device is still busy),
+                        the usual case under load; a real engine decides by
+                        timing here;
+      2. otherwise (not returned early, or nothing to schedule) pop the
+         OLDEST batch and call update_from_output with its fake output.
+    So with size 2: schedule(0); schedule(1); update(0); schedule(2);
+    update(1); ... : batch n+1 is scheduled before batch n's output is
+    processed. An empty batch (0 tokens) goes through the queue too, with an
+    empty output. The fake output of a batch is fixed when it is scheduled
+    (a request samples iff it is not a partial prefill chunk after that
+    schedule()). Step numbers are still given in schedule() order; a
+    request's first_token_step / finish_step is the number of the step whose
+    output produced the token / finished it. The loop ends when every
+    request has finished and the queue is drained.
 
     Output:
       vllm_version: str
       requests: {req_id: {cached_tokens, num_preemptions, first_scheduled_step,
                  first_token_step, finish_step, finish_reason,
                  num_output_tokens}}. A field is null if it never happened.
+                 With spec decoding also num_draft_tokens, num_accepted_tokens:
+                 the drafts scheduled for it and the drafts accepted, summed
+                 over the steps whose output update_from_output applied to it
+                 (a request already finished when a batch's output is
+                 processed, possible under async scheduling, adds nothing).
       steps: [{step, scheduled: {req_id: n}, preempted: [req_id] (sorted),
-               block_ids: {req_id: [int]} (after schedule(), group 0),
-               num_free_blocks, usage (both after update_from_output),
+               block_ids: {req_id: [int]} (after schedule(), group 0; with
+                          engine.kv_groups: {req_id: [[group 0 ids],
+                          [group 1 ids], ...]}, null blocks as 0),
+               num_free_blocks, usage (both after this step's
+                          update_from_output),
                prefix_cache: {requests, queries, hits, preempted_requests,
-                              preempted_queries, preempted_hits}}]
+                              preempted_queries, preempted_hits},
+               spec: {req_id: [num_scheduled_drafts, num_accepted]}
+                     (spec decoding only; requests with scheduled drafts),
+               num_free_blocks_after_schedule (async scheduling only)}]
       free_queue_end: [block ids, head to tail]
       totals: {prefix_cache_queries, prefix_cache_hits, prefix_cache_requests,
                preempted_queries, preempted_hits, preempted_requests}
@@ -386,12 +823,26 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
         raise ValueError("duplicate req_id")
 
     t0 = time.perf_counter()
-    sched, hasher, warnings = build_scheduler(engine)
+    sched, hasher, warnings, info = build_scheduler(engine)
     t_build = time.perf_counter() - t0
     kvm = sched.kv_cache_manager
     pool = kvm.block_pool
+    spec_k = info["spec_k"]
+    nested = info["nested_block_ids"]
+    is_async = info["async"]
+    queue_size = info["queue_size"]
+    queue_rule = info["queue_rule"]
 
     out_tok = {str(s["req_id"]): int(s.get("output_token_id", -1)) for s in specs}
+    accept_plan: dict[str, list[int]] = {}
+    for s in specs:
+        acc = s.get("accepted", [0])
+        if not isinstance(acc, list) or not acc or any(
+            not isinstance(a, int) or isinstance(a, bool) or a < 0 for a in acc
+        ):
+            raise ValueError(f"request {s['req_id']}: accepted must be a non-empty list of ints >= 0")
+        accept_plan[str(s["req_id"])] = acc
+    verify_count = dict.fromkeys(ids, 0)
     per_req = {
         rid: {
             "cached_tokens": None,
@@ -404,6 +855,10 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
         }
         for rid in ids
     }
+    if spec_k:
+        for pr in per_req.values():
+            pr["num_draft_tokens"] = 0
+            pr["num_accepted_tokens"] = 0
     reqs: dict[str, Request] = {}
     pending = specs  # not yet added, in input order
     finished: set[str] = set()
@@ -420,6 +875,9 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
     stall = None
     step = 0
     n_calls = 0
+    # In-flight batches, newest first: (scheduler_output, model_runner_output,
+    # step record or None, {req_id: (drafts, accepted)}).
+    queue: collections.deque = collections.deque()
     t1 = time.perf_counter()
 
     def add_joined(limit: int) -> None:
@@ -434,15 +892,66 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                 still.append(s)
         pending = still
 
+    def process_output(so, mro, rec, spec_info) -> None:
+        """update_from_output for one batch, and what it produced."""
+        if spec_k:
+            for rid, (nd, na) in spec_info.items():
+                r = sched.requests.get(rid)
+                if r is not None and not r.is_finished():
+                    per_req[rid]["num_draft_tokens"] += nd
+                    per_req[rid]["num_accepted_tokens"] += na
+        eco = sched.update_from_output(so, mro)
+        if rec is None:
+            return
+        for client_outs in eco.values():
+            for o in client_outs.outputs:
+                rid = o.request_id
+                pr = per_req.get(rid)
+                if pr is None:  # pragma: no cover
+                    continue
+                if o.new_token_ids:
+                    pr["num_output_tokens"] += len(o.new_token_ids)
+                    if pr["first_token_step"] is None:
+                        pr["first_token_step"] = rec["step"]
+                if pr["cached_tokens"] is None:
+                    ps = getattr(o, "prefill_stats", None)
+                    if ps is not None:
+                        pr["cached_tokens"] = int(ps.num_cached_tokens)
+                    elif getattr(o, "num_cached_tokens", None) is not None:
+                        # pragma: no cover - older releases
+                        pr["cached_tokens"] = int(o.num_cached_tokens)
+                if o.finish_reason is not None:
+                    pr["finish_step"] = rec["step"]
+                    pr["finish_reason"] = str(o.finish_reason)
+                    finished.add(rid)
+        rec["num_free_blocks"] = int(pool.get_num_free_blocks())
+        rec["usage"] = float(kvm.usage)
+        if spec_k and not is_async and not getattr(so, "skip_drafts", False):
+            # EngineCore.post_step: the drafts proposed in this step.
+            d_ids = []
+            for rid in so.num_scheduled_tokens:
+                r = sched.requests.get(rid)
+                if (
+                    r is not None
+                    and not r.is_finished()
+                    and mro.sampled_token_ids[mro.req_id_to_index[rid]]
+                ):
+                    d_ids.append(rid)
+            if d_ids:
+                sched.update_draft_token_ids(
+                    # Real drafts carry DRAFT_TOKEN_ID, never -1 (vLLM's placeholder).
+                    _draft_token_ids(d_ids, [[DRAFT_TOKEN_ID] * spec_k for rid in d_ids])
+                )
+
     while True:
         add_joined(step)
-        if len(finished) == len(ids):
+        if len(finished) == len(ids) and not queue:
             break
         if n_calls >= max_steps:
             error = f"max_steps ({max_steps}) exceeded"
             break
 
-        if len(reqs) == len(finished):
+        if len(reqs) == len(finished) and not queue:
             # Idle: see the docstring.
             if sched.has_requests():
                 so = sched.schedule()
@@ -455,102 +964,124 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
             add_joined(min(int(s.get("join_step", 0)) for s in pending))
             continue
 
-        so = sched.schedule()
-        n_calls += 1
-        # Prefix-cache stats are recorded inside schedule(). Read and reset them
-        # now, before make_stats() in update_from_output takes them.
-        pstats = _prefix_stats_dict(kvm.make_prefix_cache_stats())
-        totals["prefix_cache_queries"] += pstats["queries"]
-        totals["prefix_cache_hits"] += pstats["hits"]
-        totals["prefix_cache_requests"] += pstats["requests"]
-        totals["preempted_queries"] += pstats["preempted_queries"]
-        totals["preempted_hits"] += pstats["preempted_hits"]
-        totals["preempted_requests"] += pstats["preempted_requests"]
+        if sched.has_requests():
+            so = sched.schedule()
+            n_calls += 1
+            # Prefix-cache stats are recorded inside schedule(). Read and reset
+            # them now, before make_stats() in update_from_output takes them.
+            pstats = _prefix_stats_dict(kvm.make_prefix_cache_stats())
+            totals["prefix_cache_queries"] += pstats["queries"]
+            totals["prefix_cache_hits"] += pstats["hits"]
+            totals["prefix_cache_requests"] += pstats["requests"]
+            totals["preempted_queries"] += pstats["preempted_queries"]
+            totals["preempted_hits"] += pstats["preempted_hits"]
+            totals["preempted_requests"] += pstats["preempted_requests"]
 
-        nst = dict(so.num_scheduled_tokens)
-        preempted = sorted(so.preempted_req_ids or ())
+            nst = dict(so.num_scheduled_tokens)
+            preempted = sorted(so.preempted_req_ids or ())
+            executed = so.total_num_scheduled_tokens > 0
 
-        if so.total_num_scheduled_tokens == 0 and preempted:
-            # Every candidate was preempted (possible when the victims' blocks are shared
-            # with the request that needed room). Nothing ran, so this is not a step;
-            # the engine simply schedules again (kvsim's engine does the same).
-            sched.update_from_output(so, _model_runner_output([], []))
-            continue
+            if not executed and not preempted and not any(
+                q[0].total_num_scheduled_tokens > 0 for q in queue
+            ) and sched.get_num_unfinished_requests() > 0:
+                # Unfinished requests exist, nothing was scheduled and nothing
+                # is in flight. With no connector nothing changes until a step
+                # runs, so this is a stall. Requests that have not joined
+                # cannot join either: they are waiting for a step that never
+                # comes.
+                running = [r.request_id for r in sched.running]
+                waiting = [
+                    rid for rid in reqs if rid not in finished and rid not in running
+                ]
+                not_joined = [str(s["req_id"]) for s in pending]
+                error = (
+                    f"stall at step {step}: schedule() scheduled 0 tokens with "
+                    f"{len(reqs) - len(finished)} unfinished request(s) "
+                    f"(running={running}, waiting={waiting}, not_joined={not_joined}, "
+                    f"free_blocks={pool.get_num_free_blocks()})"
+                )
+                stall = {
+                    "step": step,
+                    "running": running,
+                    "waiting": waiting,
+                    "not_joined": not_joined,
+                    "preempted": preempted,
+                    "num_free_blocks": pool.get_num_free_blocks(),
+                    "usage": kvm.usage,
+                    "prefix_cache": pstats,
+                }
+                break
 
-        if so.total_num_scheduled_tokens == 0:
-            # Unfinished requests exist and nothing was scheduled. A
-            # synchronous scheduler with no connector changes nothing until a
-            # step runs, so this is a stall. Requests that have not joined
-            # cannot join either: they are waiting for a step that never comes.
-            running = [r.request_id for r in sched.running]
-            waiting = [rid for rid in reqs if rid not in finished and rid not in running]
-            not_joined = [str(s["req_id"]) for s in pending]
-            error = (
-                f"stall at step {step}: schedule() scheduled 0 tokens with "
-                f"{len(reqs) - len(finished)} unfinished request(s) "
-                f"(running={running}, waiting={waiting}, not_joined={not_joined}, "
-                f"free_blocks={pool.get_num_free_blocks()})"
-            )
-            stall = {
-                "step": step,
-                "running": running,
-                "waiting": waiting,
-                "not_joined": not_joined,
-                "preempted": preempted,
-                "num_free_blocks": pool.get_num_free_blocks(),
-                "usage": kvm.usage,
-                "prefix_cache": pstats,
-            }
+            rec = None
+            spec_info: dict[str, tuple[int, int]] = {}
+            if executed:
+                # This call scheduled tokens: it is step number `step`. (A
+                # call that scheduled nothing because it preempted everything
+                # is not a step; its batch is empty.)
+                block_ids = {}
+                req_ids = list(nst)
+                sampled = []
+                spec_rec = {}
+                sched_spec = so.scheduled_spec_decode_tokens or {}
+                for rid in req_ids:
+                    gids = kvm.get_block_ids(rid)
+                    if nested:
+                        block_ids[rid] = [[int(b) for b in g] for g in gids]
+                    else:
+                        block_ids[rid] = [int(b) for b in gids[0]]
+                    pr = per_req[rid]
+                    if pr["first_scheduled_step"] is None:
+                        pr["first_scheduled_step"] = step
+                    r = reqs[rid]
+                    # A partial prefill chunk must return no token.
+                    if is_async:
+                        samples = not r.is_prefill_chunk
+                    else:
+                        samples = r.num_computed_tokens >= r.num_tokens
+                    n_acc = 0
+                    scheduled_drafts = sched_spec.get(rid, ())
+                    n_drafts = len(scheduled_drafts)
+                    if n_drafts and samples and all(t == -1 for t in scheduled_drafts):
+                        # Placeholder drafts vLLM pads a one-token admission with: never
+                        # accepted, and not one of the request's verify steps.
+                        spec_rec[rid] = [n_drafts, 0]
+                        spec_info[rid] = (n_drafts, 0)
+                    elif n_drafts and samples:
+                        plan = accept_plan[rid]
+                        n_acc = min(plan[verify_count[rid] % len(plan)], n_drafts)
+                        verify_count[rid] += 1
+                        spec_rec[rid] = [n_drafts, n_acc]
+                        spec_info[rid] = (n_drafts, n_acc)
+                    sampled.append([out_tok[rid]] * (1 + n_acc) if samples else [])
+                mro = _model_runner_output(req_ids, sampled)
+                rec = {
+                    "step": step,
+                    "scheduled": nst,
+                    "preempted": preempted,
+                    "block_ids": block_ids,
+                    "num_free_blocks": None,
+                    "usage": None,
+                    "prefix_cache": pstats,
+                }
+                if spec_k:
+                    rec["spec"] = spec_rec
+                if is_async:
+                    rec["num_free_blocks_after_schedule"] = int(pool.get_num_free_blocks())
+                steps.append(rec)
+                step += 1
+            else:
+                mro = _model_runner_output([], [])
+            queue.appendleft((so, mro, rec, spec_info))
+            if len(queue) < queue_size and (
+                executed if queue_rule == "not_done" else executed or sched.has_requests()
+            ):
+                continue
+        elif not queue:  # pragma: no cover - has_requests() False, nothing in flight
+            error = "scheduler has no requests but requests are unfinished"
             break
 
-        # This call scheduled tokens: it is step number `step`.
-        block_ids = {}
-        req_ids = list(nst)
-        sampled = []
-        for rid in req_ids:
-            block_ids[rid] = [int(b) for b in kvm.get_block_ids(rid)[0]]
-            pr = per_req[rid]
-            if pr["first_scheduled_step"] is None:
-                pr["first_scheduled_step"] = step
-            r = reqs[rid]
-            # A partial prefill chunk must return no token.
-            sampled.append([out_tok[rid]] if r.num_computed_tokens >= r.num_tokens else [])
-
-        eco = sched.update_from_output(so, _model_runner_output(req_ids, sampled))
-        for client_outs in eco.values():
-            for o in client_outs.outputs:
-                rid = o.request_id
-                pr = per_req.get(rid)
-                if pr is None:  # pragma: no cover
-                    continue
-                if o.new_token_ids:
-                    pr["num_output_tokens"] += len(o.new_token_ids)
-                    if pr["first_token_step"] is None:
-                        pr["first_token_step"] = step
-                if pr["cached_tokens"] is None:
-                    ps = getattr(o, "prefill_stats", None)
-                    if ps is not None:
-                        pr["cached_tokens"] = int(ps.num_cached_tokens)
-                    elif getattr(o, "num_cached_tokens", None) is not None:
-                        # pragma: no cover - older releases
-                        pr["cached_tokens"] = int(o.num_cached_tokens)
-                if o.finish_reason is not None:
-                    pr["finish_step"] = step
-                    pr["finish_reason"] = str(o.finish_reason)
-                    finished.add(rid)
-
-        steps.append(
-            {
-                "step": step,
-                "scheduled": nst,
-                "preempted": preempted,
-                "block_ids": block_ids,
-                "num_free_blocks": int(pool.get_num_free_blocks()),
-                "usage": float(kvm.usage),
-                "prefix_cache": pstats,
-            }
-        )
-        step += 1
+        so, mro, rec, spec_info = queue.pop()
+        process_output(so, mro, rec, spec_info)
 
     t_drive = time.perf_counter() - t1
     for rid, r in reqs.items():
