@@ -117,7 +117,9 @@ ENGINE_KEYS = (
         choices=("fcfs", "priority")),
     Key("scheduler_reserve_full_isl", "bool", True, "Admit a waiting request only if its whole "
         "prompt fits in free blocks."),
-    Key("async_scheduling", "bool", False, "Asynchronous scheduling (not modelled yet: must be false)."),
+    Key("async_scheduling", "bool", None, "Asynchronous scheduling: the next step is scheduled "
+        "while this one runs. Default: on, as vLLM, for releases whose async scheduler kvsim "
+        "reproduces (0.33.0); off (synchronous) for the others.", derived=True),
     Key("kv_groups", "groups", None, "Hybrid layout: a list of `[[engine.kv_groups]]` tables (keys "
         "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool."),
 )
@@ -255,6 +257,11 @@ class EngineCfg:
     scheduler_reserve_full_isl: bool
     async_scheduling: bool
     kv_groups: tuple[GroupSpec, ...] | None = None
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """vLLM's bound on scheduled-but-unsettled tokens: one budget per concurrent batch."""
+        return self.max_num_batched_tokens * (2 if self.async_scheduling else 1)
 
     @property
     def semantics(self) -> Semantics:
@@ -481,9 +488,13 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     e = _section(raw, "engine", file)
     where = f"{file}: engine"
     sem = semantics_for(e["vllm_version"])
-    if e["async_scheduling"]:
+    if e["async_scheduling"] is None:
+        e["async_scheduling"] = sem.async_modelled
+    elif e["async_scheduling"] and not sem.async_modelled:
         raise ConfigError(f"{where}.async_scheduling",
-                          "asynchronous scheduling is not modelled yet; set it to false")
+                          f"vLLM {sem.version}'s asynchronous scheduler is not modelled yet "
+                          f"(modelled: {', '.join(v for v, s in VERSIONS.items() if s.async_modelled)}); "
+                          "set it to false")
     big = hw.memory_bytes >= 70 * GiB and "a100" not in (hw.name + hw.device_name).lower()
     if e["max_num_batched_tokens"] is None:
         e["max_num_batched_tokens"] = 16384 if hw.memory_bytes >= 160 * GiB else 8192 if big else 2048
@@ -537,7 +548,8 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
         e["num_gpu_blocks"] = int(avail // block_bytes)
     usable = e["num_gpu_blocks"] - 1
     if groups:
-        needed = sum(g.max_blocks_per_request(mml, mnbt) for g in groups)
+        in_flight = mnbt * (2 if e["async_scheduling"] else 1)  # vLLM's max_in_flight_tokens
+        needed = sum(g.max_blocks_per_request(mml, in_flight) for g in groups)
     else:
         needed = -(-mml // e["block_size"])
     if needed > usable:

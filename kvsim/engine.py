@@ -9,6 +9,7 @@ next arrival instead of polling.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,7 +71,7 @@ def build_scheduler(sc: Scenario) -> Scheduler:
             pool, list(e.kv_groups), e.max_model_len, e.enable_prefix_caching,
             eagle_family=sc.speculative.eagle_family, eagle_drop=spec.eagle_drop,
             hash_lookahead=spec.hash_lookahead, num_reprefillable=spec.num_reprefillable,
-            max_in_flight_tokens=e.max_num_batched_tokens, rules=sem.hybrid)
+            max_in_flight_tokens=e.max_in_flight_tokens, rules=sem.hybrid)
     else:
         kv = KVCacheManager(pool, e.block_size, e.max_model_len, e.enable_prefix_caching,
                             eagle_drop=spec.eagle_drop, hash_lookahead=spec.hash_lookahead,
@@ -80,7 +81,8 @@ def build_scheduler(sc: Scenario) -> Scheduler:
         max_model_len=e.max_model_len, enable_chunked_prefill=e.enable_chunked_prefill,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         scheduling_policy=e.scheduling_policy,
-        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl, spec=spec.params)
+        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl, spec=spec.params,
+        async_scheduling=e.async_scheduling)
     return Scheduler(params, kv, sem)
 
 
@@ -101,6 +103,11 @@ def run(sc: Scenario, specs: list[RequestSpec], check_invariants: bool = False,
 
 def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
     reqs, limits = rec.requests, sc.run
+    # vLLM's EngineCore: synchronous scheduling runs schedule -> execute -> update; with
+    # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
+    # executes (its outputs are applied after), and the queue always fills first.
+    queue_size = 2 if sched.params.async_scheduling else 1
+    queue: deque = deque()  # (plan, step index or None), newest first
     nxt = step = num_finished = 0
     while True:
         now = env.now
@@ -114,42 +121,52 @@ def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
             reqs[nxt].join_step = step
             sched.add_request(reqs[nxt])
             nxt += 1
-        plan = sched.schedule()
-        if not plan.scheduled:
-            if plan.preempted:
-                continue  # everything was preempted: plan again at the same instant
-            if sched.num_unfinished:
+        if sched.num_unfinished:
+            plan = sched.schedule()
+            executed = bool(plan.scheduled)
+            if not (executed or plan.preempted or any(q[0].scheduled for q in queue)):
                 # The release deadlocks: the head of the waiting queue can never be admitted
                 # and nothing runs (e.g. 0.19's admission gate without a window cap, #39734).
                 rec.stopped_by = "stall"
                 break
+            index = None
+            if executed:
+                index, step = step, step + 1
+                for c in plan.scheduled:
+                    if c.req.first_scheduled_step is None:
+                        c.req.first_scheduled_step = index
+            queue.appendleft((plan, index))
+            if len(queue) < queue_size and (executed or sched.num_unfinished):
+                continue
+        elif not queue:
             if nxt == len(reqs):
                 break
             yield env.timeout(reqs[nxt].arrival_s - now)  # idle until the next arrival
             continue
-        chunks = [(c.num_new_tokens, c.num_computed_before) for c in plan.scheduled]
-        sampled = [c for c in plan.scheduled if not c.req.is_prefill_chunk]
-        duration = cost.step_time_s(chunks, len(sampled))
-        draft = cost.draft_time_s(chunks, len(sampled))
-        for c in plan.scheduled:
-            if c.req.first_scheduled_step is None:
-                c.req.first_scheduled_step = step
-        yield env.timeout(duration + draft)
+        plan, index = queue.pop()
+        start = env.now
+        duration = draft = 0.0
+        if index is not None:
+            chunks = [(c.num_new_tokens, c.num_computed_before) for c in plan.scheduled]
+            num_sampled = sum(c.samples for c in plan.scheduled)
+            duration = cost.step_time_s(chunks, num_sampled)
+            draft = cost.draft_time_s(chunks, num_sampled)
+            yield env.timeout(duration + draft)
         end = env.now
         first, finished = sched.update_from_output(plan, accept)
         for r in first:
-            r.first_token_step, r.first_token_s = step, end
+            r.first_token_step, r.first_token_s = index, end
         for r in finished:
-            r.finish_step, r.finish_s = step, end
+            r.finish_step, r.finish_s = index, end
             if accept is not None:
                 accept.forget(r)
         num_finished += len(finished)
-        rec.steps.append(_step_record(step, now, duration, draft, plan, sched))
+        if index is not None:
+            rec.steps.append(_step_record(index, start, duration, draft, plan, sched))
         if check_invariants:
             sched.kv.check_invariants()
-        step += 1
-        if progress is not None:
-            progress(step, end, num_finished, len(reqs))
+        if progress is not None and index is not None:
+            progress(index + 1, end, num_finished, len(reqs))
     rec.end_s = env.now
 
 

@@ -93,7 +93,8 @@ class Request:
         "max_tokens", "output_token_id", "num_output_tokens", "num_computed_tokens", "status",
         "is_prefill_chunk", "num_preemptions", "block_hashes", "cached_tokens",
         "num_draft_tokens", "num_drafts_proposed", "num_drafts_accepted", "num_verify_steps",
-        "accepted_trace", "group_keys",
+        "accepted_trace", "group_keys", "num_output_placeholders", "num_in_flight_tokens",
+        "num_stale_output_tokens",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_token_s", "finish_s",
     )
@@ -121,6 +122,12 @@ class Request:
         self.num_verify_steps = 0
         self.accepted_trace = spec.accepted
         self.group_keys: dict[int, list[int]] = {}  # hybrid layouts: per-group block keys
+        # Asynchronous scheduling: tokens scheduled whose outputs have not come back yet
+        # (placeholders), tokens in flight, and in-flight tokens of a preempted request whose
+        # outputs still arrive ("stale": delivered, but they change no counter).
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
         self.join_step: int | None = None
         self.first_scheduled_step: int | None = None
         self.first_token_step: int | None = None

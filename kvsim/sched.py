@@ -49,6 +49,8 @@ class SchedulerParams:
     scheduling_policy: str = "fcfs"
     scheduler_reserve_full_isl: bool = True
     spec: SpecParams = SpecParams()
+    # vLLM's AsyncScheduler: the next step is scheduled before this one's outputs arrive.
+    async_scheduling: bool = False
 
 
 @dataclass(slots=True)
@@ -84,6 +86,7 @@ class Chunk:
     num_computed_before: int
     num_spec_tokens: int = 0
     padded: bool = False
+    samples: bool = False  # the chunk reaches the end of the known tokens: it samples
 
 
 @dataclass(slots=True)
@@ -115,6 +118,9 @@ class _FcfsQueue:
     def peek(self) -> Request:
         return self._q[0]
 
+    def remove(self, req: Request) -> None:
+        self._q.remove(req)
+
     def pop(self) -> Request:
         return self._q.popleft()
 
@@ -137,6 +143,10 @@ class _PriorityQueue:
 
     def peek(self) -> Request:
         return self._h[0][-1]
+
+    def remove(self, req: Request) -> None:
+        self._h = [e for e in self._h if e[-1] is not req]
+        heapq.heapify(self._h)
 
     def pop(self) -> Request:
         return heapq.heappop(self._h)[-1]
@@ -197,10 +207,18 @@ class Scheduler:
         if not plan.preempted:
             self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
         plan.scheduled = list(scheduled.values())
+        k, is_async = self.spec.num_speculative_tokens, self.params.async_scheduling
         for c in plan.scheduled:  # vLLM's _update_after_schedule
             req = c.req
             req.num_computed_tokens += c.num_new_tokens
-            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens
+            req.num_in_flight_tokens += c.num_new_tokens
+            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
+            c.samples = not req.is_prefill_chunk
+            if is_async and c.samples:
+                # The sampled token and the drafts are placeholders until the outputs arrive;
+                # the next step already verifies k placeholder drafts.
+                req.num_output_placeholders += 1 + c.num_spec_tokens
+                req.num_draft_tokens = k
         return plan
 
     def _reserve_prefill_lookahead(self, req: Request, computed: int, n: int) -> int:
@@ -222,7 +240,11 @@ class Scheduler:
                 break
             req = running[idx]
             computed = req.num_computed_tokens
-            n = req.num_tokens + req.num_draft_tokens - computed
+            placeholders = req.num_output_placeholders
+            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+                idx += 1  # async: the step in flight already reaches max_tokens
+                continue
+            n = req.num_tokens + req.num_draft_tokens + placeholders - computed
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget[0], budget[1] - slots, p.max_model_len - computed - 1)
@@ -258,7 +280,8 @@ class Scheduler:
             prefill_scheduled |= req.is_prefill_chunk
             num_spec = 0
             if req.num_draft_tokens:
-                num_spec = max(0, min(req.num_draft_tokens, n + computed - req.num_tokens))
+                num_spec = max(0, min(req.num_draft_tokens,
+                                      n + computed - req.num_tokens - placeholders))
                 req.num_draft_tokens = 0  # fresh drafts come after this step
             scheduled[req.req_id] = Chunk(req, n, computed, num_spec)
             budget[0] -= n
@@ -276,6 +299,9 @@ class Scheduler:
             if budget[1] <= slots or len(self.running) >= p.max_num_seqs:
                 break
             req = waiting.peek()
+            if req.num_stale_output_tokens:  # async: wait for its in-flight outputs
+                skipped.append(waiting.pop())
+                continue
             hit_blocks, hit = kv.get_computed_blocks(req)
             if req.num_preemptions == 0 or (sem.cached_tokens_until_first_token
                                             and req.num_output_tokens == 0):
@@ -324,6 +350,8 @@ class Scheduler:
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
         req.num_draft_tokens = 0
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
         req.num_preemptions += 1
         self.waiting.prepend(req)
 
@@ -334,23 +362,35 @@ class Scheduler:
         """Apply a step's outcome. Each request whose chunk reached ``num_tokens`` samples one
         token plus the drafts it accepts (``accept``; rejected drafts roll
         ``num_computed_tokens`` back, their blocks stay); requests reaching ``max_tokens`` or
-        ``max_model_len`` finish and free their blocks; the others get ``k`` fresh drafts.
+        ``max_model_len`` finish and free their blocks; the others get ``k`` fresh drafts
+        (asynchronous scheduling gave them placeholder drafts already).
 
+        Outputs of a request preempted while they were in flight ("stale") are still delivered
+        but change no counter; outputs of a request that finished meanwhile are dropped.
         Returns ``(requests that got their first token, requests that finished)``.
         """
         first: list[Request] = []
         finished: list[Request] = []
         k = self.spec.num_speculative_tokens
-        cache_after_verify = bool(k) and self.sem.cache_after_verify
+        is_async = self.params.async_scheduling
         max_model_len = self.params.max_model_len
         for c in plan.scheduled:
             req = c.req
-            if req.is_prefill_chunk:
-                continue  # a partial prefill chunk samples nothing
+            req.num_in_flight_tokens -= c.num_new_tokens
+            stale = req.num_stale_output_tokens > 0
+            if stale:
+                req.num_stale_output_tokens -= c.num_new_tokens
+            if req.status is Status.FINISHED or not c.samples:
+                continue  # finished meanwhile, or a partial prefill chunk: nothing sampled
             num_new = 1
             if c.num_spec_tokens:
                 accepted = 0 if c.padded or accept is None else accept(req, c.num_spec_tokens)
-                req.num_computed_tokens -= c.num_spec_tokens - accepted
+                rejected = c.num_spec_tokens - accepted
+                if not stale:
+                    if req.num_computed_tokens > 0:
+                        req.num_computed_tokens -= rejected
+                    if req.num_output_placeholders > 0:
+                        req.num_output_placeholders -= rejected
                 num_new += accepted
                 if not c.padded:
                     req.num_drafts_proposed += c.num_spec_tokens
@@ -358,22 +398,29 @@ class Scheduler:
                     req.num_verify_steps += 1
             if req.num_output_tokens == 0:
                 first.append(req)
+            was_running = req.status is Status.RUNNING
+            had_placeholders = req.num_output_placeholders > 0
             stopped = False
             for i in range(1, num_new + 1):
                 req.num_output_tokens += 1
                 if req.num_tokens >= max_model_len or req.num_output_tokens >= req.max_tokens:
-                    if cache_after_verify:
+                    if self.sem.cache_after_verify and not stale:
                         req.num_computed_tokens -= num_new - i  # trimmed at the stop
                     stopped = True
                     break
-            if cache_after_verify:
-                # Accepted drafts are published now that they are verified.
-                self.kv.cache_blocks(req, req.num_computed_tokens)
+            if not stale and had_placeholders:
+                req.num_output_placeholders -= num_new  # the untrimmed count
+            if (self.sem.cache_after_verify and not stale and was_running
+                    and (had_placeholders or k)):
+                # Verified tokens (accepted drafts, async outputs) are published now.
+                self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
             if stopped:
                 req.status = Status.FINISHED
+                if not was_running:
+                    self.waiting.remove(req)
                 self.kv.free(req)
                 finished.append(req)
-            elif k:
+            elif k and not is_async:
                 req.num_draft_tokens = k
         if finished:
             done = {id(r) for r in finished}

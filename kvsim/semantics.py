@@ -60,6 +60,9 @@ class Semantics:
     has_prefill_lookahead: bool
     # A waiting request whose chunk rounds to 0 is skipped rather than ending the pass (0.33).
     skip_zero_chunk_admission: bool
+    # kvsim reproduces this release's asynchronous scheduler (AsyncScheduler + the batch
+    # queue), which vLLM turns on by default; it is then kvsim's default too.
+    async_modelled: bool
 
 
 _V033 = Semantics(
@@ -80,10 +83,11 @@ _V033 = Semantics(
     cache_after_verify=True,
     has_prefill_lookahead=True,
     skip_zero_chunk_admission=True,
+    async_modelled=True,
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 has_disable_lookahead_block_hashes=False, priority_self_preempt_continues=False,
-                cache_after_verify=False, skip_zero_chunk_admission=False)
+                cache_after_verify=False, skip_zero_chunk_admission=False, async_modelled=False)
 _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width=False,

@@ -33,8 +33,9 @@ def main() -> int:
     ap.add_argument("--driver", default=str(ROOT / "kvsim/oracle/vllm_driver.py"))
     ap.add_argument("--spec", action="store_true", help="with speculative decoding")
     ap.add_argument("--hybrid", action="store_true", help="with hybrid KV groups")
+    ap.add_argument("--async", dest="async_", action="store_true", help="asynchronous scheduling")
     args = ap.parse_args()
-    scenarios = [random_scenario(s, spec=args.spec, hybrid=args.hybrid)
+    scenarios = [random_scenario(s, spec=args.spec, hybrid=args.hybrid, async_scheduling=args.async_)
                  for s in range(args.first_seed, args.first_seed + args.count)]
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
@@ -52,11 +53,12 @@ def main() -> int:
             st.pop("usage", None)  # recomputable from num_free_blocks
             st["block_ids_digest"] = block_ids_digest(st.pop("block_ids"))
         cases.append({"scenario": sc, "vllm": res})
-    tag = "".join(t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid)) if on)
+    tag = "".join(t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid),
+                                  ("-async", args.async_)) if on)
     dest = ROOT / "tests" / "fixtures" / f"vllm-{args.version}{tag}.json.gz"
     dest.parent.mkdir(exist_ok=True)
     text = json.dumps({"vllm_version": args.version, "generator": "kvsim.oracle.fuzz",
-                       "spec": args.spec, "hybrid": args.hybrid,
+                       "spec": args.spec, "hybrid": args.hybrid, "async": args.async_,
                        "cases": cases}, separators=(",", ":")) + "\n"
     dest.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
     print(f"{len(cases)} cases -> {dest} ({dest.stat().st_size} bytes)")

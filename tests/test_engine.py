@@ -15,7 +15,7 @@ def scenario(tmp_path, rows, **engine_keys):
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
            "engine": {"num_gpu_blocks": 300, "max_model_len": 1024, "max_num_batched_tokens": 512,
-                      "max_num_seqs": 8, **engine_keys},
+                      "max_num_seqs": 8, "async_scheduling": False, **engine_keys},
            "workload": {"kind": "trace", "path": str(p)}}
     return parse_scenario(raw)
 
@@ -44,6 +44,27 @@ def test_a_request_joins_the_first_step_starting_at_or_after_its_arrival(tmp_pat
     assert a.first_token_step == 0 and a.finish_step == 3
 
 
+def test_with_async_scheduling_the_next_step_is_planned_while_one_runs(tmp_path):
+    # Async (vLLM 0.33's default): step 1 is planned at t = 0 while step 0 runs, so B, arriving
+    # when step 0 ends, is planned into step 2 (planned at d0, while step 1 runs), and C,
+    # arriving just after, into step 3.
+    probe = scenario(tmp_path, [{"arrival_s": 0, "max_tokens": 1, "prompt_token_ids": [1]}])
+    d0 = cost_of(probe).step_time_s([(32, 0)], 1)
+    rows = [
+        {"arrival_s": 0.0, "max_tokens": 4, "prompt_token_ids": list(range(32)), "req_id": "A"},
+        {"arrival_s": d0, "max_tokens": 4, "prompt_token_ids": list(range(100, 108)), "req_id": "B"},
+        {"arrival_s": d0 + 1e-9, "max_tokens": 4, "prompt_token_ids": list(range(200, 208)),
+         "req_id": "C"},
+    ]
+    sc = scenario(tmp_path, rows, async_scheduling=True)
+    rec = engine.run(sc, build_requests(sc), check_invariants=True)
+    a, b, c_ = rec.requests
+    assert (a.join_step, b.join_step, c_.join_step) == (0, 2, 3)
+    assert rec.steps[1].start_s == d0  # step 1 (A's first decode) runs right after step 0
+    assert [s.num_scheduled_tokens for s in rec.steps[:2]] == [32, 1]
+    assert all(r.finish_step is not None for r in rec.requests)
+
+
 def test_idle_engine_waits_for_the_next_arrival(tmp_path):
     rows = [{"arrival_s": 0.0, "max_tokens": 2, "prompt_token_ids": [1, 2, 3]},
             {"arrival_s": 50.0, "max_tokens": 2, "prompt_token_ids": [4, 5, 6]}]
@@ -58,7 +79,8 @@ def test_limits_stop_the_run(tmp_path):
     sc = scenario(tmp_path, rows)
     raw_limited = parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
                                   "engine": {"num_gpu_blocks": 300, "max_model_len": 1024,
-                                             "max_num_batched_tokens": 512, "max_num_seqs": 8},
+                                             "max_num_batched_tokens": 512, "max_num_seqs": 8,
+                                             "async_scheduling": False},
                                   "workload": {"kind": "trace", "path": str(sc.workload.path)},
                                   "run": {"max_steps": 10}})
     rec = engine.run(raw_limited, build_requests(raw_limited))

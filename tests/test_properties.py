@@ -69,7 +69,7 @@ def test_invariants_hold_after_every_step(case):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10**6), st.booleans(), st.booleans(),
-       st.sampled_from(["0.19.0", "0.22.1", "0.32.0", "0.33.0"]))
+       st.sampled_from(["0.19.0", "0.22.1", "0.32.0", "0.33.0", "0.33.0-async"]))
 def test_invariants_with_spec_decoding_and_hybrid_groups(seed, spec, hybrid, version):
     """Fuzzed scenarios (kvsim.oracle.fuzz) with speculative decoding and/or hybrid KV groups:
     drive() checks every invariant after every step; all blocks come back at the end."""
@@ -77,7 +77,9 @@ def test_invariants_with_spec_decoding_and_hybrid_groups(seed, spec, hybrid, ver
     from kvsim.oracle.fuzz import random_scenario
     from kvsim.oracle.replay import build, drive
 
-    sc = random_scenario(seed, spec=spec, hybrid=hybrid)
+    is_async = version.endswith("-async")
+    version = version.removesuffix("-async")
+    sc = random_scenario(seed, spec=spec, hybrid=hybrid, async_scheduling=is_async)
     if version == "0.19.0" and hybrid and spec:
         return  # 0.19 asserts (crashes) on EAGLE with a sliding window finer than U
     try:

@@ -326,7 +326,9 @@ class HybridKVCacheManager:
             if self.num_blocks_to_allocate(req.req_id, full, hit, total, True) > self.pool.num_free_blocks:
                 return None
         need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        self.remove_skipped_blocks(req.req_id, total)  # even if the allocation then fails
+        # Even if the allocation then fails; on the processed-token basis (in-flight steps
+        # still read their window).
+        self.remove_skipped_blocks(req.req_id, max(0, total - req.num_in_flight_tokens))
         if self.num_blocks_to_allocate(req.req_id, need, hit, local) > self.pool.num_free_blocks:
             return None
         null = self.pool.null_block

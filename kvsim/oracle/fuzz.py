@@ -38,8 +38,10 @@ def _groups(rng: random.Random, mml: int, budget: int) -> tuple[list[dict], int,
     return groups, U, need
 
 
-def random_scenario(seed: int, spec: bool = False, hybrid: bool = False) -> dict:
-    """A seeded scenario; ``spec`` adds speculative decoding, ``hybrid`` a multi-group layout."""
+def random_scenario(seed: int, spec: bool = False, hybrid: bool = False,
+                    async_scheduling: bool = False) -> dict:
+    """A seeded scenario; ``spec`` adds speculative decoding, ``hybrid`` a multi-group layout,
+    ``async_scheduling`` vLLM's asynchronous scheduler."""
     rng = random.Random(seed)
     b = rng.choice([4, 8, 16, 32])
     mml = rng.choice([128, 256, 512, 1024])
@@ -60,6 +62,8 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool = False) -> dict
         "scheduling_policy": "priority" if rng.random() < 0.3 else "fcfs",
         "scheduler_reserve_full_isl": rng.random() < 0.8,
     }
+    if async_scheduling:
+        engine["async_scheduling"] = True
     k = 0
     if spec:
         method = rng.choice(SPEC_METHODS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from math import lcm
 
 from kvsim.config import SpecCfg
@@ -61,7 +62,8 @@ def build(engine: dict, version: str) -> Scheduler:
                                   eagle_family=spec.eagle_family, eagle_drop=setup.eagle_drop,
                                   hash_lookahead=setup.hash_lookahead,
                                   num_reprefillable=setup.num_reprefillable,
-                                  max_in_flight_tokens=e["max_num_batched_tokens"], rules=sem.hybrid)
+                                  max_in_flight_tokens=e["max_num_batched_tokens"]
+                                  * (2 if e.get("async_scheduling") else 1), rules=sem.hybrid)
     else:
         kv = KVCacheManager(pool, e["block_size"], e["max_model_len"], caching,
                             eagle_drop=setup.eagle_drop, hash_lookahead=setup.hash_lookahead,
@@ -69,7 +71,7 @@ def build(engine: dict, version: str) -> Scheduler:
     params = SchedulerParams(**{k: e[k] for k in (
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
         "long_prefill_token_threshold", "scheduling_policy", "scheduler_reserve_full_isl")},
-        spec=setup.params)
+        spec=setup.params, async_scheduling=bool(e.get("async_scheduling", False)))
     return Scheduler(params, kv, sem)
 
 
@@ -105,49 +107,45 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
             sched.add_request(reqs[i])
         pending = [i for i in pending if join[i] > limit]
 
+    # vLLM's EngineCore: with asynchronous scheduling a batch queue of two, so step N + 1 is
+    # scheduled before step N's outputs are applied (0.32+: the queue always fills first).
+    queue_size = 2 if sched.params.async_scheduling else 1
+    queue: deque = deque()
+    planned: dict[str, int] = {}  # verify steps per request, counted at schedule time
     while True:
         add_joined(step)
-        if done == len(reqs) or (max_steps is not None and step >= max_steps):
+        if (done == len(reqs) and not queue) or (max_steps is not None and step >= max_steps):
             break
-        if not sched.num_unfinished:
+        if not sched.num_unfinished and not queue:
             add_joined(min(join[i] for i in pending))
             continue
-        plan = sched.schedule()
-        if not plan.scheduled:
-            if plan.preempted:
-                sched.update_from_output(plan)
+        if sched.num_unfinished:
+            plan = sched.schedule()
+            executed = bool(plan.scheduled)
+            if not (executed or plan.preempted or any(q[0].scheduled for q in queue)):
+                stalled = step  # the release deadlocks here (e.g. 0.19's uncapped window gate)
+                break
+            rec = None
+            if executed:
+                rec = _record(sched, plan, step, planned)
+                steps.append(rec)
+                step += 1
+            queue.appendleft((plan, rec))
+            if len(queue) < queue_size and (executed or sched.num_unfinished):
                 continue
-            stalled = step  # the release deadlocks here (e.g. 0.19's uncapped window gate)
+        elif not queue:
             break
-        for c in plan.scheduled:
-            if c.req.first_scheduled_step is None:
-                c.req.first_scheduled_step = step
-        block_ids = {c.req.req_id: sched.kv.block_ids(c.req.req_id) for c in plan.scheduled}
-        before = {c.req.req_id: c.req.num_drafts_accepted for c in plan.scheduled}
+        plan, rec = queue.pop()
         first, finished = sched.update_from_output(plan, _accept)
-        for r in first:
-            r.first_token_step = step
-        for r in finished:
-            r.finish_step = step
+        if rec is not None:
+            for r in first:
+                r.first_token_step = rec["step"]
+            for r in finished:
+                r.finish_step = rec["step"]
+            rec["num_free_blocks"] = sched.kv.pool.num_free_blocks
         done += len(finished)
         if check_invariants:
             sched.kv.check_invariants()
-        pc = plan.prefix_cache
-        steps.append({
-            "step": step,
-            "scheduled": {c.req.req_id: c.num_new_tokens for c in plan.scheduled},
-            "preempted": sorted(r.req_id for r in plan.preempted),
-            "block_ids": block_ids,
-            "num_free_blocks": sched.kv.pool.num_free_blocks,
-            "spec": {c.req.req_id: [c.num_spec_tokens,
-                                    c.req.num_drafts_accepted - before[c.req.req_id]]
-                     for c in plan.scheduled if c.num_spec_tokens},
-            "prefix_cache": {"requests": pc.requests, "queries": pc.queries, "hits": pc.hits,
-                             "preempted_requests": pc.preempted_requests,
-                             "preempted_queries": pc.preempted_queries,
-                             "preempted_hits": pc.preempted_hits},
-        })
-        step += 1
     return {
         "requests": {r.req_id: {"cached_tokens": r.cached_tokens, "num_preemptions": r.num_preemptions,
                                 "first_scheduled_step": r.first_scheduled_step,
@@ -156,6 +154,35 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         "steps": steps,
         "free_queue_end": list(sched.kv.pool.free_queue),
         "stall": stalled,
+    }
+
+
+def _record(sched: Scheduler, plan, step: int, planned: dict[str, int]) -> dict:
+    """A step as the driver records it, at schedule time (frees are filled in at update)."""
+    spec = {}
+    for c in plan.scheduled:
+        req = c.req
+        if req.first_scheduled_step is None:
+            req.first_scheduled_step = step
+        if c.num_spec_tokens and c.samples:
+            if c.padded:
+                spec[req.req_id] = [c.num_spec_tokens, 0]
+            else:
+                n = planned.get(req.req_id, 0)
+                planned[req.req_id] = n + 1
+                seq = req.accepted_trace or (0,)
+                spec[req.req_id] = [c.num_spec_tokens, min(seq[n % len(seq)], c.num_spec_tokens)]
+    pc = plan.prefix_cache
+    return {
+        "step": step,
+        "scheduled": {c.req.req_id: c.num_new_tokens for c in plan.scheduled},
+        "preempted": sorted(r.req_id for r in plan.preempted),
+        "block_ids": {c.req.req_id: sched.kv.block_ids(c.req.req_id) for c in plan.scheduled},
+        "num_free_blocks": None,
+        "spec": spec,
+        "prefix_cache": {"requests": pc.requests, "queries": pc.queries, "hits": pc.hits,
+                         "preempted_requests": pc.preempted_requests,
+                         "preempted_queries": pc.preempted_queries, "preempted_hits": pc.preempted_hits},
     }
 
 

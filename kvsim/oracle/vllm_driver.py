@@ -37,7 +37,9 @@ Input schema (every engine key is optional; the defaults are below):
           output_token_id (default -1: the token every sampling step returns),
           accepted (spec decoding only; list of ints, default [0]: at the
           request's j-th verify step the number of accepted drafts is
-          min(accepted[j % len(accepted)], drafts scheduled for it that step))
+          min(accepted[j % len(accepted)], drafts scheduled for it that step);
+          the placeholder drafts vLLM pads a one-token admission with are
+          never accepted and are not a verify step)
 
 How the engine is built (mirrors EngineCore of the release at hand):
   * Model: a tiny Llama config.json (no weights, no tokenizer).
@@ -49,7 +51,9 @@ How the engine is built (mirrors EngineCore of the release at hand):
     model. The request block hasher is
     get_request_block_hasher(hash_block_size, hash_fn,
     vllm_config.num_hash_lookahead_tokens) where the release has that argument
-    (0.33), else get_request_block_hasher(hash_block_size, hash_fn).
+    (0.33), else get_request_block_hasher(hash_block_size, hash_fn); in 0.19
+    hash_block_size is cache_config.block_size (EngineCore's
+    scheduler_block_size there).
   * kv_groups: one KVCacheGroupSpec per entry, FullAttentionSpec /
     SlidingWindowSpec / MambaSpec, all in one KVCacheConfig(num_gpu_blocks).
     Sliding-window specs get extra_retained_tokens = num_prefill_lookahead - 1
@@ -59,8 +63,9 @@ How the engine is built (mirrors EngineCore of the release at hand):
     size, and (block_size, hash_block_size) come from the release's
     resolve_kv_cache_block_sizes. A group's is_eagle_group is set from "eagle"
     only when speculative decoding is on and the release's planner would
-    annotate groups (0.33: SpeculativeConfig.use_eagle_block_drop()); otherwise
-    a warning says the flag was ignored. Without kv_groups the single
+    annotate groups (0.32, 0.33: SpeculativeConfig.use_eagle_block_drop();
+    0.22: use_eagle(); 0.19 has no such flag); otherwise a warning says the
+    flag was ignored. Without kv_groups the single
     full-attention group is built as before and never flagged (a lone group is
     flagged by the coordinator's fallback anyway).
   * Fields that had to be set on the built config by hand (because the tiny
@@ -71,8 +76,10 @@ docstring.
 
 The script re-executes itself with PYTHONHASHSEED=0 unless that is already
 set, so NONE_HASH, and with it every block hash, is the same in every run.
-Tested against vLLM 0.33.0. Older releases are handled by inspecting
-signatures.
+Tested against vLLM 0.33.0, 0.32.0, 0.22.1 and 0.19.0 (release differences
+are handled by inspecting signatures and, for the batch queue, EngineCore's
+source). A release may reject a combination itself, e.g. ngram with
+async_scheduling before 0.33: the result then carries "error".
 """
 
 from __future__ import annotations
@@ -738,7 +745,10 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
     under async scheduling) is given the sampled list
     [output_token_id] * (1 + a), where a = 0 without spec decoding and
     a = min(accepted[j % len(accepted)], drafts scheduled for it this step)
-    at its j-th verify step (a step in which it had scheduled drafts). A
+    at its j-th verify step (a step in which it had scheduled drafts and was
+    already running before the schedule() call: a request admitted from the
+    waiting queue with one token left is padded to 1 + k with placeholder
+    drafts, which get a = 0 and do not count as a verify step). A
     partial prefill chunk samples []. update_from_output then takes that list.
     The loop ends when every request has finished.
     When everything added so far has finished and the rest would join at a
@@ -965,6 +975,9 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
             continue
 
         if sched.has_requests():
+            # Requests scheduled from the waiting queue in this call (new or
+            # resumed) can carry drafts only as vLLM's padding placeholders.
+            running_before = {r.request_id for r in sched.running} if spec_k else ()
             so = sched.schedule()
             n_calls += 1
             # Prefix-cache stats are recorded inside schedule(). Read and reset
@@ -1041,9 +1054,11 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                     n_acc = 0
                     scheduled_drafts = sched_spec.get(rid, ())
                     n_drafts = len(scheduled_drafts)
-                    if n_drafts and samples and all(t == -1 for t in scheduled_drafts):
+                    if n_drafts and samples and rid not in running_before:
                         # Placeholder drafts vLLM pads a one-token admission with: never
-                        # accepted, and not one of the request's verify steps.
+                        # accepted, and not one of the request's verify steps. (Told apart
+                        # by admission, not by their -1 ids: under async scheduling every
+                        # scheduled draft is a -1 placeholder.)
                         spec_rec[rid] = [n_drafts, 0]
                         spec_info[rid] = (n_drafts, 0)
                     elif n_drafts and samples:
