@@ -118,8 +118,9 @@ ENGINE_KEYS = (
     Key("scheduler_reserve_full_isl", "bool", True, "Admit a waiting request only if its whole "
         "prompt fits in free blocks."),
     Key("async_scheduling", "bool", None, "Asynchronous scheduling: the next step is scheduled "
-        "while this one runs. Default: on, as vLLM, for releases whose async scheduler kvsim "
-        "reproduces (0.33.0); off (synchronous) for the others.", derived=True),
+        "while this one runs. Default: on, as in vLLM, for releases whose async scheduler kvsim "
+        "reproduces (0.32.0, 0.33.0; 0.32 turns it off for ngram); off (synchronous) for the "
+        "others.", derived=True),
     Key("kv_groups", "groups", None, "Hybrid layout: a list of `[[engine.kv_groups]]` tables (keys "
         "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool."),
 )
@@ -488,8 +489,12 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     e = _section(raw, "engine", file)
     where = f"{file}: engine"
     sem = semantics_for(e["vllm_version"])
+    ngram = (raw.get("speculative") or {}).get("method") == "ngram"
     if e["async_scheduling"] is None:
-        e["async_scheduling"] = sem.async_modelled
+        e["async_scheduling"] = sem.async_modelled and (sem.async_allows_ngram or not ngram)
+    elif e["async_scheduling"] and ngram and not sem.async_allows_ngram:
+        raise ConfigError(f"{where}.async_scheduling", f"vLLM {sem.version} refuses ngram "
+                          "drafting with asynchronous scheduling")
     elif e["async_scheduling"] and not sem.async_modelled:
         raise ConfigError(f"{where}.async_scheduling",
                           f"vLLM {sem.version}'s asynchronous scheduler is not modelled yet "

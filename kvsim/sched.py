@@ -408,12 +408,18 @@ class Scheduler:
                         req.num_computed_tokens -= num_new - i  # trimmed at the stop
                     stopped = True
                     break
-            if not stale and had_placeholders:
-                req.num_output_placeholders -= num_new  # the untrimmed count
-            if (self.sem.cache_after_verify and not stale and was_running
-                    and (had_placeholders or k)):
-                # Verified tokens (accepted drafts, async outputs) are published now.
-                self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+            if is_async and self.sem.async_publish_after_placeholders:
+                if not stale:
+                    req.num_output_placeholders -= i  # the tokens kept
+                if was_running:
+                    self.kv.cache_blocks(req, req.num_computed_tokens - req.num_output_placeholders)
+            else:
+                if not stale and had_placeholders:
+                    req.num_output_placeholders -= num_new  # the untrimmed count
+                if (self.sem.cache_after_verify and not stale and was_running
+                        and (had_placeholders or k)):
+                    # Verified tokens (accepted drafts, async outputs) are published now.
+                    self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
             if stopped:
                 req.status = Status.FINISHED
                 if not was_running:

@@ -63,6 +63,13 @@ class Semantics:
     # kvsim reproduces this release's asynchronous scheduler (AsyncScheduler + the batch
     # queue), which vLLM turns on by default; it is then kvsim's default too.
     async_modelled: bool
+    # After an async output: 0.33 counts placeholders down by the untrimmed token count and
+    # publishes up to computed - in-flight tokens; 0.32's AsyncScheduler counts down by the
+    # tokens kept and publishes up to computed - placeholders.
+    async_publish_after_placeholders: bool
+    # vLLM accepts ngram drafting with asynchronous scheduling (0.33); before, it refuses it
+    # and its default turns asynchronous scheduling off for ngram.
+    async_allows_ngram: bool
 
 
 _V033 = Semantics(
@@ -84,10 +91,13 @@ _V033 = Semantics(
     has_prefill_lookahead=True,
     skip_zero_chunk_admission=True,
     async_modelled=True,
+    async_publish_after_placeholders=False,
+    async_allows_ngram=True,
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 has_disable_lookahead_block_hashes=False, priority_self_preempt_continues=False,
-                cache_after_verify=False, skip_zero_chunk_admission=False, async_modelled=False)
+                cache_after_verify=False, skip_zero_chunk_admission=False,
+                async_publish_after_placeholders=True, async_allows_ngram=False)
 _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width=False,
@@ -95,7 +105,7 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                                    partial_tail_hashes=False),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
                 lookahead_on_admission=False, per_request_draft_slots=False,
-                has_prefill_lookahead=False)
+                has_prefill_lookahead=False, async_modelled=False)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,

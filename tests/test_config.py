@@ -32,7 +32,10 @@ def test_defaults_are_vllm_033_serve_defaults():
         "fcfs", True, 0.92)
     # vLLM schedules asynchronously by default; kvsim follows where it reproduces it (0.33).
     assert e.async_scheduling is True
-    assert scenario(engine={"vllm_version": "0.32.0"}).engine.async_scheduling is False
+    assert scenario(engine={"vllm_version": "0.22.1"}).engine.async_scheduling is False
+    assert scenario(engine={"vllm_version": "0.32.0"}).engine.async_scheduling is True
+    ngram = {"method": "ngram", "num_speculative_tokens": 2}
+    assert scenario(engine={"vllm_version": "0.32.0"}, speculative=ngram).engine.async_scheduling is False
     # H100 (79 GiB, not an A100): `vllm serve` defaults.
     assert (e.max_num_batched_tokens, e.max_num_seqs) == (8192, 1024)
     assert e.max_model_len == 131072  # the model's context length
@@ -70,7 +73,7 @@ def test_preset_keys_can_be_overridden():
     ({"engine": {"num_gpu_blocks": 100}}, "engine.max_model_len", "needs 8192 blocks"),
     ({"engine": {"max_num_batched_tokens": 16, "max_num_seqs": 32}}, "engine.max_num_batched_tokens",
      "at least max_num_seqs"),
-    ({"engine": {"async_scheduling": True, "vllm_version": "0.32.0"}}, "engine.async_scheduling",
+    ({"engine": {"async_scheduling": True, "vllm_version": "0.22.1"}}, "engine.async_scheduling",
      "not modelled"),
     ({"model": {"preset": "llama-3.1-9b"}}, "model.preset", "did you mean 'llama-3.1-8b'"),
     ({"workload": {"kind": "trace"}}, "workload.path", "missing"),
