@@ -115,6 +115,7 @@ def cmd_compare(args) -> int:
     import tomllib
 
     from kvsim import compare
+    from kvsim.metrics import summary_json
 
     path = Path(args.scenario)
     try:
@@ -129,14 +130,14 @@ def cmd_compare(args) -> int:
     else:
         variants = compare.default_variants(raw, path.name)
     results = compare.run_variants(raw, path, variants)
-    rows = [compare._row(name, summary) for name, _, _, summary in results]
+    rows = [compare.row(name, summary) for name, _, _, summary in results]
     lines = compare.verdict(rows, default=not args.vary)
     out = Path(args.out) if args.out else _default_out(path.with_name(path.stem + "-compare"))
     files = {"compare.csv": compare.csv_text(rows)}
     for name, sc, rec, summary in results:
         for fname, text in compare.variant_files(sc, rec, summary).items():
             files[f"{compare.slug(name)}/{fname}"] = text
-    files["summary.json"] = metrics_json({"variants": rows, "verdict": lines})
+    files["summary.json"] = summary_json({"variants": rows, "verdict": lines})
     _write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp / "compare.png"))
     if not args.quiet:
         print(compare.table(rows))
@@ -144,11 +145,6 @@ def cmd_compare(args) -> int:
             print(line)
         print(f"results in {out}")
     return 0
-
-
-def metrics_json(obj) -> str:
-    import json
-    return json.dumps(obj, indent=2) + "\n"
 
 
 def cmd_presets(args) -> int:

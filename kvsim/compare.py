@@ -54,7 +54,8 @@ def vary_variants(raw: dict, specs: list[str]) -> list[tuple[str, dict]]:
     return out
 
 
-def _row(name: str, s: dict) -> dict:
+def row(name: str, s: dict) -> dict:
+    """One variant's line of the comparison, from its summary."""
     def q(d, k, scale=1.0):
         return None if d is None else d[k] * scale
     sd = s.get("spec_decode") or {}

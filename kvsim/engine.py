@@ -1,10 +1,10 @@
 """The only SimPy code: one engine loop on a simulated clock.
 
-Each iteration admits the requests that have arrived by the step's start (a request joins
-before the first step that starts at or after its arrival; equal arrival times join in
-workload order), plans a step with the scheduler, advances the clock by the cost model's step
-time, then applies the step's outcome. When nothing is left to run the loop sleeps until the
-next arrival instead of polling.
+Each scheduling call first admits the requests that have arrived by then (equal arrival times
+join in workload order). Synchronously, a step is planned, the clock advances by the cost
+model's step time, and the step's outcome is applied; with asynchronous scheduling (vLLM's
+batch queue of two) step N + 1 is planned when step N starts, before N's outcome is applied.
+When nothing is left to run the loop sleeps until the next arrival instead of polling.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ waves. Prompts are written as ``prompt_segments``; ``to_driver`` expands them to
 
 from __future__ import annotations
 
+import math
 import random
 
 
@@ -25,9 +26,7 @@ def _groups(rng: random.Random, mml: int, budget: int) -> tuple[list[dict], int,
                "sliding_window": rng.choice([8, 32, 64, 100])}]
     if rng.random() < 0.3:
         groups.insert(1, {"kind": "full_attention", "block_size": 4 * b1})
-    U = 1
-    for g in groups:
-        U = U * g["block_size"] // __import__("math").gcd(U, g["block_size"])
+    U = math.lcm(*(g["block_size"] for g in groups))
     need = 0
     for g in groups:
         if g["kind"] == "sliding_window":
