@@ -575,7 +575,8 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
         if not p.is_absolute() and base is not None:
             p = base / p
         if not p.is_file():
-            raise ConfigError(f"{file}: workload.path", f"no such file: {p}")
+            what = "is a directory, not a trace file" if p.is_dir() else "no such file"
+            raise ConfigError(f"{file}: workload.path", f"{what}: {p}")
         w["path"] = p
     elif w["path"] is not None:
         raise ConfigError(f"{file}: workload.path", "only used with kind = 'trace'")
