@@ -147,6 +147,20 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    from kvsim.config import load_scenario
+    from kvsim.oracle import validate
+
+    sc = load_scenario(args.scenario)
+    rows, scenario = validate.validate(sc, args.vllm, args.oracle_python)
+    print(f"kvsim vs vLLM {args.vllm or sc.engine.vllm_version}'s Scheduler: "
+          f"{len(scenario['requests'])} requests")
+    print(validate.table(rows))
+    bad = sum(total - ok for _, ok, total, _ in rows)
+    print("agreement: exact" if not bad else f"agreement: {bad} mismatching values")
+    return 0 if not bad else 1
+
+
 def cmd_presets(args) -> int:
     for kind in ("models", "hardware"):
         print(f"{kind}:")
@@ -174,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>-compare)")
     cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     cmp.set_defaults(func=cmd_compare)
+    val = sub.add_parser("validate", help="check a scenario against vLLM's own Scheduler")
+    val.add_argument("scenario", help="scenario TOML file")
+    val.add_argument("--against", choices=("vllm-scheduler",), default="vllm-scheduler",
+                     help="the referee (vLLM's v1 Scheduler on CPU, fake model outputs)")
+    val.add_argument("--vllm", help="vLLM release (default: the scenario's engine.vllm_version)")
+    val.add_argument("--oracle-python", help="python of the oracle environment (default: "
+                     "$KVSIM_ORACLE_HOME or ~/.cache/kvsim/oracle, /vllm-VERSION/bin/python)")
+    val.set_defaults(func=cmd_validate)
     pre = sub.add_parser("presets", help="list the shipped model and hardware presets")
     pre.set_defaults(func=cmd_presets)
     return ap

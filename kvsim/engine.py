@@ -87,13 +87,18 @@ def build_scheduler(sc: Scenario) -> Scheduler:
 
 
 def run(sc: Scenario, specs: list[RequestSpec], check_invariants: bool = False,
-        progress: Callable[[int, float, int, int], None] | None = None) -> Records:
-    """Simulate ``specs`` (sorted by arrival) on the scenario's engine; returns the records."""
+        progress: Callable[[int, float, int, int], None] | None = None,
+        accept: Acceptance | None = None) -> Records:
+    """Simulate ``specs`` (sorted by arrival) on the scenario's engine; returns the records.
+
+    ``accept`` replaces the scenario's acceptance model (e.g. one that records its draws).
+    """
     e = sc.engine
     cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
                                       e.kv_cache_dtype, sc.speculative)
     sched = build_scheduler(sc)
-    accept = Acceptance(sc.speculative, sc.run.seed) if sc.speculative.enabled else None
+    if accept is None and sc.speculative.enabled:
+        accept = Acceptance(sc.speculative, sc.run.seed)
     rec = Records(requests=[Request(s, i) for i, s in enumerate(specs)], cost_label=cost.label)
     env = simpy.Environment()
     env.process(_engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress))

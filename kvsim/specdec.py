@@ -71,14 +71,22 @@ def derive_spec(s: SpecCfg, sem: Semantics, enable_caching: bool, scheduler_bloc
 class Acceptance:
     """Callable ``(request, num_drafts) -> accepted`` for one run."""
 
-    def __init__(self, spec: SpecCfg, seed: int):
+    def __init__(self, spec: SpecCfg, seed: int, record: bool = False):
         self.kind = spec.acceptance
         self.rates = spec.acceptance_rates
         self.fixed = spec.num_accepted
         self.seed = seed
         self._rngs: dict[int, random.Random] = {}
+        # With ``record``: request index -> accepted count at each verify step (validation).
+        self.log: dict[int, list[int]] | None = {} if record else None
 
     def __call__(self, req: Request, num_drafts: int) -> int:
+        accepted = self._draw(req, num_drafts)
+        if self.log is not None:
+            self.log.setdefault(req.seq, []).append(accepted)
+        return accepted
+
+    def _draw(self, req: Request, num_drafts: int) -> int:
         if self.kind == "fixed":
             return min(self.fixed, num_drafts)
         if self.kind == "trace":

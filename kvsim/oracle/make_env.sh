@@ -51,6 +51,11 @@ case "$VERSION" in
         TRANSFORMERS_PIN="transformers==5.20.2"
         EXTRA_DEPS=(gguf)
         ;;
+    0.19.*)
+        # Built this way here (transformers 5.20.2 and torch 2.13 work despite 0.19's pins).
+        TRANSFORMERS_PIN="transformers==5.20.2"
+        EXTRA_DEPS=(gguf diskcache)
+        ;;
 esac
 DEPS=(
     packaging pydantic regex numpy cbor2 psutil pyzmq urllib3

@@ -1,0 +1,60 @@
+"""kvsim validate: the scenario -> oracle conversion, the agreement table, missing oracles.
+
+The oracle itself (vLLM in its own environment) is exercised by tests/test_vllm_fixtures.py
+through recorded results; these tests need no vLLM.
+"""
+
+import pytest
+
+from kvsim.cli import main
+from kvsim.config import parse_scenario
+from kvsim.errors import ConfigError
+from kvsim.oracle.replay import drive
+from kvsim.oracle.validate import agreement, driver_scenario, oracle_python
+
+RAW = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+       "engine": {"num_gpu_blocks": 300, "max_model_len": 2048, "max_num_batched_tokens": 256,
+                  "max_num_seqs": 16},
+       "speculative": {"method": "eagle", "num_speculative_tokens": 2},
+       "workload": {"num_requests": 20, "request_rate": 50.0, "system_prompt_tokens": 64,
+                    "num_users": 2, "user_history_tokens": 32, "input_tokens": 16,
+                    "output_tokens": 12}}
+
+
+def test_driver_scenario_reproduces_the_kvsim_run():
+    sc = parse_scenario(RAW)
+    scen = driver_scenario(sc)
+    assert len(scen["requests"]) == 20
+    assert scen["engine"]["speculative"] == {"method": "eagle", "num_speculative_tokens": 2}
+    assert scen["engine"]["async_scheduling"] is True  # 0.33's default
+    r0 = scen["requests"][0]
+    assert len(r0["prompt_token_ids"]) == 64 + 32 + 16 and r0["join_step"] == 0
+    # Replaying the recorded joins and acceptances with the driver's loop gives every request
+    # the outputs it asked for.
+    out = drive(scen, "0.33.0")
+    assert all(v["num_output_tokens"] == 12 for v in out["requests"].values())
+    assert any(len(r["accepted"]) > 1 for r in scen["requests"])
+
+
+def test_agreement_counts_each_field():
+    scen = driver_scenario(parse_scenario(RAW))
+    a = drive(scen, "0.33.0")
+    rows = {f: (ok, total) for f, ok, total, _ in agreement(a, a)}
+    assert rows["request.cached_tokens"] == (20, 20) and rows["free_queue_end"] == (1, 1)
+    b = drive(scen, "0.33.0")
+    b["requests"][next(iter(b["requests"]))]["finish_step"] = -1
+    rows = {f: (ok, total, bad) for f, ok, total, bad in agreement(a, b)}
+    assert rows["request.finish_step"][0] == 19 and rows["request.finish_step"][2]
+
+
+def test_missing_oracle_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KVSIM_ORACLE_HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match="make_env.sh 0.33.0"):
+        oracle_python("0.33.0", None)
+    scen = tmp_path / "s.toml"
+    scen.write_text('[model]\npreset = "llama-3.2-1b"\n[hardware]\npreset = "l40s"\n'
+                    '[engine]\nnum_gpu_blocks = 300\nmax_model_len = 2048\n'
+                    '[workload]\nnum_requests = 3\n')
+    assert main(["validate", str(scen)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no oracle environment" in err
