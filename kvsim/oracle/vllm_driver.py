@@ -1130,7 +1130,8 @@ def _drive_safe(scenario: dict) -> dict:
     {"vllm_version", "error", "exception"}. It is also printed to stderr.
     """
     try:
-        return drive(scenario)
+        # An optional cap on schedule() calls: vLLM itself can thrash forever in a tiny pool.
+        return drive(scenario, max_steps=int(scenario.get("max_schedule_calls", 1_000_000)))
     except Exception as exc:  # noqa: BLE001
         import traceback
 
