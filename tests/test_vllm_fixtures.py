@@ -43,3 +43,27 @@ def test_fixtures_exercise_the_hard_paths():
     assert sum(v["totals"]["prefix_cache_hits"] > 0 for v in vllm) >= 50
     assert sum(v["totals"]["preempted_hits"] > 0 for v in vllm) >= 10
     assert sum(c["scenario"]["engine"]["scheduling_policy"] == "priority" for c in cs) >= 10
+
+
+# Mismatches found while building kvsim, each pinned to the recorded case that exposed it.
+REGRESSIONS = {
+    ("vllm-0.33.0-spec-hybrid", 3028): "0.32+ publish the prompt tail inside a coarse "
+                                       "full-attention block (partial entry): freed to the tail",
+    ("vllm-0.33.0-spec-hybrid-async", 4101): "async: the sliding-window admission cap uses "
+                                             "max_in_flight_tokens = 2 x max_num_batched_tokens",
+    ("vllm-0.33.0-spec-hybrid-async", 4105): "same (a preemption the wrong cap caused)",
+    ("vllm-0.19.0-spec", 2014): "a draft reservation leaving exactly 0 tokens falls back to "
+                                "max_num_batched_tokens (vLLM tests the value for truth)",
+    ("vllm-0.32.0-spec", 2009): "0.32's priority policy ends the running pass when a request preempts "
+                        "itself (0.33 continues)",
+}
+
+
+@pytest.mark.parametrize("key", sorted(REGRESSIONS), ids=lambda k: f"{k[0]}-seed{k[1]}")
+def test_named_regressions(key):
+    path = Path(__file__).parent / "fixtures" / f"{key[0]}.json.gz"
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    case = next((c for c in data["cases"] if c["scenario"]["seed"] == key[1]), None)
+    if case is None:  # pragma: no cover - the fixture must hold the case
+        pytest.fail(f"{key} is not in {path.name}: {REGRESSIONS[key]}")
+    assert compare(drive(case["scenario"], data["vllm_version"]), case["vllm"]) == [], REGRESSIONS[key]
