@@ -294,6 +294,7 @@ class Scheduler:
         p, kv, waiting, spec, sem = self.params, self.kv, self.waiting, self.spec, self.sem
         k, slots = spec.num_speculative_tokens, self.draft_slots
         lookahead = spec.num_lookahead_tokens if sem.lookahead_on_admission else 0
+        running_scheduled = bool(scheduled)  # admissions below don't count for the padding
         skipped: list[Request] = []
         while budget[0] > 0 and len(waiting):
             if budget[1] <= slots or len(self.running) >= p.max_num_seqs:
@@ -312,7 +313,7 @@ class Scheduler:
             n = req.num_tokens - hit
             padded = False
             if (k and n == 1 and not prefill_scheduled and sem.pad_new_decode_to_spec_width
-                    and (scheduled or hit > 0) and hit + 1 + k + 1 <= p.max_model_len):
+                    and (running_scheduled or hit > 0) and hit + 1 + k + 1 <= p.max_model_len):
                 # vLLM pads a one-token admission to a full 1 + k verify row (placeholder
                 # drafts) to keep the decode batch uniform, if it fits max_model_len.
                 if 1 + k > request_budget:

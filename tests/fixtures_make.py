@@ -34,9 +34,20 @@ def main() -> int:
     ap.add_argument("--spec", action="store_true", help="with speculative decoding")
     ap.add_argument("--hybrid", action="store_true", help="with hybrid KV groups")
     ap.add_argument("--async", dest="async_", action="store_true", help="asynchronous scheduling")
+    ap.add_argument("--cases", nargs="*", metavar="SEED[:MIX]",
+                    help="record these seeds (MIX: spec,hybrid,async) into vllm-VERSION-regressions")
     args = ap.parse_args()
-    scenarios = [random_scenario(s, spec=args.spec, hybrid=args.hybrid, async_scheduling=args.async_)
-                 for s in range(args.first_seed, args.first_seed + args.count)]
+    if args.cases:
+        scenarios = []
+        for item in args.cases:
+            seed, _, mix = item.partition(":")
+            flags = set(mix.split(",")) if mix else set()
+            scenarios.append(random_scenario(int(seed), spec="spec" in flags, hybrid="hybrid" in flags,
+                                             async_scheduling="async" in flags))
+    else:
+        scenarios = [random_scenario(s, spec=args.spec, hybrid=args.hybrid,
+                                     async_scheduling=args.async_)
+                     for s in range(args.first_seed, args.first_seed + args.count)]
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps([to_driver(s) for s in scenarios]))
@@ -53,8 +64,8 @@ def main() -> int:
             st.pop("usage", None)  # recomputable from num_free_blocks
             st["block_ids_digest"] = block_ids_digest(st.pop("block_ids"))
         cases.append({"scenario": sc, "vllm": res})
-    tag = "".join(t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid),
-                                  ("-async", args.async_)) if on)
+    tag = "-regressions" if args.cases else "".join(
+        t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid), ("-async", args.async_)) if on)
     dest = ROOT / "tests" / "fixtures" / f"vllm-{args.version}{tag}.json.gz"
     dest.parent.mkdir(exist_ok=True)
     text = json.dumps({"vllm_version": args.version, "generator": "kvsim.oracle.fuzz",

@@ -54,6 +54,10 @@ REGRESSIONS = {
     ("vllm-0.33.0-spec-hybrid-async", 4105): "same (a preemption the wrong cap caused)",
     ("vllm-0.19.0-spec", 2014): "a draft reservation leaving exactly 0 tokens falls back to "
                                 "max_num_batched_tokens (vLLM tests the value for truth)",
+    ("vllm-0.33.0-regressions", 100163): "padding a one-token admission to 1 + k needs a running "
+                                         "request scheduled this step, not an earlier admission",
+    ("vllm-0.33.0-regressions", 100207): "same, in a hybrid layout",
+    ("vllm-0.32.0-regressions", 100163): "same, on 0.32",
     ("vllm-0.32.0-spec", 2009): "0.32's priority policy ends the running pass when a request preempts "
                         "itself (0.33 continues)",
 }
