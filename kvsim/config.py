@@ -260,11 +260,6 @@ class EngineCfg:
     kv_groups: tuple[GroupSpec, ...] | None = None
 
     @property
-    def max_in_flight_tokens(self) -> int:
-        """vLLM's bound on scheduled-but-unsettled tokens: one budget per concurrent batch."""
-        return self.max_num_batched_tokens * (2 if self.async_scheduling else 1)
-
-    @property
     def semantics(self) -> Semantics:
         sem = semantics_for(self.vllm_version)
         assert sem is not None  # checked at load

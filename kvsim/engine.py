@@ -15,14 +15,12 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from kvsim.assemble import assemble_scheduler
 from kvsim.config import Scenario
 from kvsim.cost import COST_MODELS
-from kvsim.kv.hybrid import HybridKVCacheManager
-from kvsim.kv.manager import KVCacheManager
-from kvsim.kv.pool import BlockPool
 from kvsim.request import Request, RequestSpec
 from kvsim.sched import Scheduler, SchedulerParams
-from kvsim.specdec import Acceptance, spec_setup
+from kvsim.specdec import Acceptance
 
 
 @dataclass(slots=True)
@@ -63,27 +61,17 @@ class Records:
 def build_scheduler(sc: Scenario) -> Scheduler:
     """A fresh scheduler with its own pool and manager for the scenario's engine."""
     e = sc.engine
-    sem = e.semantics
-    spec = spec_setup(sc)
-    pool = BlockPool(e.num_gpu_blocks, e.enable_prefix_caching, sem.free_unhashed_to_front)
-    if e.kv_groups:
-        kv = HybridKVCacheManager(
-            pool, list(e.kv_groups), e.max_model_len, e.enable_prefix_caching,
-            eagle_family=sc.speculative.eagle_family, eagle_drop=spec.eagle_drop,
-            hash_lookahead=spec.hash_lookahead, num_reprefillable=spec.num_reprefillable,
-            max_in_flight_tokens=e.max_in_flight_tokens, rules=sem.hybrid)
-    else:
-        kv = KVCacheManager(pool, e.block_size, e.max_model_len, e.enable_prefix_caching,
-                            eagle_drop=spec.eagle_drop, hash_lookahead=spec.hash_lookahead,
-                            num_reprefillable=spec.num_reprefillable)
     params = SchedulerParams(
         max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
         max_model_len=e.max_model_len, enable_chunked_prefill=e.enable_chunked_prefill,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         scheduling_policy=e.scheduling_policy,
-        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl, spec=spec.params,
+        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
         async_scheduling=e.async_scheduling)
-    return Scheduler(params, kv, sem)
+    return assemble_scheduler(e.semantics, params, sc.speculative, num_gpu_blocks=e.num_gpu_blocks,
+                              block_size=e.block_size, enable_caching=e.enable_prefix_caching,
+                              kv_groups=list(e.kv_groups or ()),
+                              num_nextn_predict_layers=sc.model.num_nextn_predict_layers)
 
 
 def run(sc: Scenario, specs: list[RequestSpec], check_invariants: bool = False,

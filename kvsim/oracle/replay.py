@@ -12,16 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import deque
-from math import lcm
 
+from kvsim.assemble import assemble_scheduler
 from kvsim.config import SpecCfg
-from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
-from kvsim.kv.manager import KVCacheManager
-from kvsim.kv.pool import BlockPool
+from kvsim.kv.hybrid import GroupSpec
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.semantics import semantics_for
-from kvsim.specdec import derive_spec
 
 ENGINE_DEFAULTS = {
     "block_size": 16, "num_gpu_blocks": 64, "enable_prefix_caching": True,
@@ -53,26 +50,13 @@ def build(engine: dict, version: str) -> Scheduler:
     groups = [GroupSpec(kind=g["kind"], block_size=g["block_size"],
                         sliding_window=g.get("sliding_window") or 0, eagle=g.get("eagle", False))
               for g in e.get("kv_groups") or ()]
-    caching = e["enable_prefix_caching"]
-    setup = derive_spec(spec, sem, caching, lcm(*(g.block_size for g in groups)) if groups
-                        else e["block_size"])
-    pool = BlockPool(e["num_gpu_blocks"], caching, sem.free_unhashed_to_front)
-    if groups:
-        kv = HybridKVCacheManager(pool, groups, e["max_model_len"], caching,
-                                  eagle_family=spec.eagle_family, eagle_drop=setup.eagle_drop,
-                                  hash_lookahead=setup.hash_lookahead,
-                                  num_reprefillable=setup.num_reprefillable,
-                                  max_in_flight_tokens=e["max_num_batched_tokens"]
-                                  * (2 if e.get("async_scheduling") else 1), rules=sem.hybrid)
-    else:
-        kv = KVCacheManager(pool, e["block_size"], e["max_model_len"], caching,
-                            eagle_drop=setup.eagle_drop, hash_lookahead=setup.hash_lookahead,
-                            num_reprefillable=setup.num_reprefillable)
     params = SchedulerParams(**{k: e[k] for k in (
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
         "long_prefill_token_threshold", "scheduling_policy", "scheduler_reserve_full_isl")},
-        spec=setup.params, async_scheduling=bool(e.get("async_scheduling", False)))
-    return Scheduler(params, kv, sem)
+        async_scheduling=bool(e.get("async_scheduling", False)))
+    return assemble_scheduler(sem, params, spec, num_gpu_blocks=e["num_gpu_blocks"],
+                              block_size=e["block_size"], enable_caching=e["enable_prefix_caching"],
+                              kv_groups=groups)
 
 
 def _accept(req: Request, num_drafts: int) -> int:
