@@ -34,7 +34,8 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: SpecCfg, *
                                   eagle_family=spec.eagle_family, eagle_drop=setup.eagle_drop,
                                   hash_lookahead=setup.hash_lookahead,
                                   num_reprefillable=setup.num_reprefillable,
-                                  max_in_flight_tokens=in_flight, rules=sem.hybrid)
+                                  max_in_flight_tokens=in_flight, rules=sem.hybrid,
+                                  num_speculative_blocks=spec.num_speculative_tokens)
     else:
         kv = KVCacheManager(pool, block_size, params.max_model_len, enable_caching,
                             eagle_drop=setup.eagle_drop, hash_lookahead=setup.hash_lookahead,

@@ -126,7 +126,9 @@ ENGINE_KEYS = (
 )
 
 GROUP_KEYS = (
-    Key("kind", "str", REQUIRED, "`full_attention` or `sliding_window` (`mamba`: not modelled yet).",
+    Key("kind", "str", REQUIRED, "`full_attention`, `sliding_window` or `mamba` (one Mamba group at "
+        "most, in a layout whose groups all share its `block_size`, as vLLM sizes attention "
+        "blocks for Mamba models; prefix caching on means vLLM's `mamba_cache_mode = \"align\"`).",
         choices=("full_attention", "sliding_window", "mamba")),
     Key("block_size", "int", REQUIRED, "Tokens per block of this group.", low=1),
     Key("sliding_window", "int", None, "Window in tokens (sliding_window groups only).", low=1),
@@ -356,14 +358,19 @@ def _check_groups(where: str, value: Any) -> tuple:
                 raise ConfigError(f"{w}.{k.name}", "missing")
             else:
                 g[k.name] = k.default
-        if g["kind"] == "mamba":
-            raise ConfigError(f"{w}.kind", "mamba groups are not modelled yet")
         if (g["kind"] == "sliding_window") != (g["sliding_window"] is not None):
             raise ConfigError(f"{w}.sliding_window", "required for a sliding_window group"
                               if g["kind"] == "sliding_window" else "only for sliding_window groups")
         out.append(GroupSpec(kind=g["kind"], block_size=g["block_size"],
                              sliding_window=g["sliding_window"] or 0, eagle=g["eagle"],
                              num_layers=g["num_layers"]))
+    mamba = [i for i, g in enumerate(out) if g.kind == "mamba"]
+    if len(mamba) > 1:
+        raise ConfigError(f"{where}[{mamba[1]}].kind", "at most one mamba group is supported")
+    if mamba and len({g.block_size for g in out}) > 1:
+        raise ConfigError(f"{where}[{mamba[0]}].block_size", "with a mamba group every group must "
+                          "use the mamba block_size (vLLM's layout for Mamba models; sub-block "
+                          "Mamba hits are not modelled)")
     return tuple(out)
 
 
@@ -521,6 +528,17 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
         raise ConfigError(f"{where}.long_prefill_token_threshold",
                           f"{e['long_prefill_token_threshold']} exceeds max_model_len ({mml})")
     groups = e["kv_groups"]
+    mamba = [g for g in groups or () if g.kind == "mamba"]
+    if mamba and e["enable_prefix_caching"] and sem.hybrid.mamba_split == "last_block":
+        # 0.19/0.22 round every prefill chunk down to the block: a block larger than a chunk
+        # can ever be means no prompt longer than one block is ever scheduled (vLLM stalls).
+        b, limit = mamba[0].block_size, mnbt
+        if e["long_prefill_token_threshold"] > 0:
+            limit = min(limit, e["long_prefill_token_threshold"])
+        if b > limit:
+            raise ConfigError(f"{where}.kv_groups", f"the mamba block_size ({b}) exceeds the "
+                              f"largest prefill chunk ({limit}): vLLM {sem.version}'s aligned "
+                              "split can never schedule a longer prompt (the engine stalls)")
     if groups:
         # vLLM's hybrid allocator gives every group the same number of layers, and one block id
         # spans one page in each of those layers: per block id, a group's worth of layers.

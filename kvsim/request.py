@@ -94,7 +94,7 @@ class Request:
         "is_prefill_chunk", "num_preemptions", "block_hashes", "cached_tokens",
         "num_draft_tokens", "num_drafts_proposed", "num_drafts_accepted", "num_verify_steps",
         "accepted_trace", "group_keys", "num_output_placeholders", "num_in_flight_tokens",
-        "num_stale_output_tokens",
+        "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_token_s", "finish_s",
     )
@@ -128,6 +128,8 @@ class Request:
         self.num_output_placeholders = 0
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
+        # Hybrid lookups: where a longer single-group hit ended (0.32+ Mamba chunk stop).
+        self.shared_prefix_boundary = 0
         self.join_step: int | None = None
         self.first_scheduled_step: int | None = None
         self.first_token_step: int | None = None

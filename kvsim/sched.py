@@ -197,6 +197,7 @@ class Scheduler:
         p = self.params
         plan = StepPlan()
         scheduled: dict[str, Chunk] = {}
+        self.kv.new_step_starts()
         # vLLM keeps two budgets: scheduled tokens, and model inputs, from which each
         # scheduled request also takes ``draft_slots`` (draft-model inputs).
         budget = [self.token_budget, p.max_num_batched_tokens]
@@ -229,6 +230,42 @@ class Scheduler:
             n -= npl - remaining
         return max(n, 0)
 
+    def _mamba_block_aligned_split(self, req: Request, n: int, num_new_computed: int = 0) -> int:
+        """Cut a prefill chunk so that Mamba states land where they can be cached (align
+        mode): chunks end on block boundaries, and one ends at the prompt's checkpoint
+        position (the last cacheable block end; a block earlier under the EAGLE drop)."""
+        start = req.num_computed_tokens + num_new_computed
+        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)  # resumed: replay outputs
+        if start >= prefill_end:
+            return n
+        kv, b = self.kv, self.kv.block_size
+        end = start + n
+        if self.sem.hybrid.mamba_split == "last_block":  # 0.19/0.22 Scheduler
+            last = req.num_tokens - req.num_tokens % b
+            if kv.eagle_drop:
+                last = max(last - b, 0)
+            if end < last:
+                return n // b * b
+            return last - start if start < last < end else n
+        # 0.32+: get_mamba_prefill_checkpoint_position, then the mandatory stops.
+        if kv.eagle_drop:
+            last = max(req.num_tokens // b * b - b, 0)
+        else:
+            last = max((req.num_tokens - max(1, kv.hash_lookahead)) // b * b, 0)
+        if end < prefill_end:
+            max_prefill = self.token_budget
+            if self.params.long_prefill_token_threshold > 0:
+                max_prefill = min(max_prefill, self.params.long_prefill_token_threshold)
+            aligned = end // b * b
+            if aligned > start or b <= max_prefill:
+                end = aligned
+        junction = req.shared_prefix_boundary
+        stops = ((start // b + 1) * b if start % b else 0,  # back onto the block grid
+                 last,
+                 start + (junction - start) // b * b if start < junction < end else 0)
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
+
     def _schedule_running(self, plan: StepPlan, scheduled: dict, budget: list[int],
                           threshold: int) -> bool:
         p, kv, running, spec = self.params, self.kv, self.running, self.spec
@@ -248,6 +285,8 @@ class Scheduler:
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget[0], budget[1] - slots, p.max_model_len - computed - 1)
+            if kv.mamba_align:
+                n = self._mamba_block_aligned_split(req, n)
             n = self._reserve_prefill_lookahead(req, computed, n)
             if n <= 0:
                 idx += 1
@@ -324,6 +363,12 @@ class Scheduler:
             if not p.enable_chunked_prefill and n > request_budget:
                 break
             n = min(n, request_budget)
+            if kv.mamba_align:
+                n = self._mamba_block_aligned_split(req, n, hit)
+                if n == 0:
+                    break
+                if padded and n != 1 + k:  # keep all 1 + k rows or none: drop the padding
+                    n, padded = 1, False
             n = self._reserve_prefill_lookahead(req, hit, n)
             if n == 0:  # can't end this chunk here
                 if not sem.skip_zero_chunk_admission:

@@ -95,6 +95,7 @@ _V033 = Semantics(
     async_allows_ngram=True,
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
+                hybrid=replace(_V033.hybrid, mamba_tail_rekey="always"),
                 has_disable_lookahead_block_hashes=False, priority_self_preempt_continues=False,
                 cache_after_verify=False, skip_zero_chunk_admission=False,
                 async_publish_after_placeholders=True, async_allows_ngram=False)
@@ -102,14 +103,20 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width=False,
                 hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False,
-                                   partial_tail_hashes=False),
+                                   partial_tail_hashes=False, cap_at_full_attention_hit=False,
+                                   mamba_split="last_block", mamba_tail_rekey="never",
+                                   mamba_retire=False,
+                                   mamba_eagle_margin=True),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
                 lookahead_on_admission=False, per_request_draft_slots=False,
                 has_prefill_lookahead=False, async_modelled=False)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,
-                                   eagle_swa_must_be_aligned=True, partial_tail_hashes=False),
+                                   eagle_swa_must_be_aligned=True, partial_tail_hashes=False,
+                                   cap_at_full_attention_hit=False, mamba_split="last_block",
+                                   mamba_tail_rekey="never", mamba_retire=False,
+                                   mamba_eagle_margin=True),
                 cached_tokens_until_first_token=False)
 
 VERSIONS: dict[str, Semantics] = {

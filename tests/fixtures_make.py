@@ -33,20 +33,22 @@ def main() -> int:
     ap.add_argument("--driver", default=str(ROOT / "kvsim/oracle/vllm_driver.py"))
     ap.add_argument("--spec", action="store_true", help="with speculative decoding")
     ap.add_argument("--hybrid", action="store_true", help="with hybrid KV groups")
+    ap.add_argument("--mamba", action="store_true", help="hybrid KV groups with a Mamba group")
     ap.add_argument("--async", dest="async_", action="store_true", help="asynchronous scheduling")
     ap.add_argument("--cases", nargs="*", metavar="SEED[:MIX]",
-                    help="record these seeds (MIX: spec,hybrid,async) into vllm-VERSION-regressions")
+                    help="record these seeds (MIX: spec,hybrid|mamba,async) into vllm-VERSION-regressions")
     args = ap.parse_args()
     if args.cases:
         scenarios = []
         for item in args.cases:
             seed, _, mix = item.partition(":")
             flags = set(mix.split(",")) if mix else set()
-            scenarios.append(random_scenario(int(seed), spec="spec" in flags, hybrid="hybrid" in flags,
+            hybrid = "mamba" if "mamba" in flags else "hybrid" in flags
+            scenarios.append(random_scenario(int(seed), spec="spec" in flags, hybrid=hybrid,
                                              async_scheduling="async" in flags))
     else:
-        scenarios = [random_scenario(s, spec=args.spec, hybrid=args.hybrid,
-                                     async_scheduling=args.async_)
+        hybrid = "mamba" if args.mamba else args.hybrid
+        scenarios = [random_scenario(s, spec=args.spec, hybrid=hybrid, async_scheduling=args.async_)
                      for s in range(args.first_seed, args.first_seed + args.count)]
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
@@ -65,11 +67,13 @@ def main() -> int:
             st["block_ids_digest"] = block_ids_digest(st.pop("block_ids"))
         cases.append({"scenario": sc, "vllm": res})
     tag = "-regressions" if args.cases else "".join(
-        t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid), ("-async", args.async_)) if on)
+        t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid), ("-mamba", args.mamba),
+                        ("-async", args.async_)) if on)
     dest = ROOT / "tests" / "fixtures" / f"vllm-{args.version}{tag}.json.gz"
     dest.parent.mkdir(exist_ok=True)
     text = json.dumps({"vllm_version": args.version, "generator": "kvsim.oracle.fuzz",
-                       "spec": args.spec, "hybrid": args.hybrid, "async": args.async_,
+                       "spec": args.spec, "hybrid": "mamba" if args.mamba else args.hybrid,
+                       "async": args.async_,
                        "cases": cases}, separators=(",", ":")) + "\n"
     dest.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
     print(f"{len(cases)} cases -> {dest} ({dest.stat().st_size} bytes)")

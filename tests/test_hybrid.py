@@ -120,3 +120,111 @@ def test_eagle_look_ahead_bound_changed_in_032(version, expected):
     groups = [{"kind": "full_attention", "block_size": 16, "eagle": True},
               {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}]
     assert repeat_hit(96, groups, {"method": "eagle", "num_speculative_tokens": 1}, version) == expected
+
+
+# -- Mamba groups (reference §3.2 example H3, §4) -----------------------------------------
+
+MAMBA_H3 = [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}]
+
+
+def _mamba_manager(version, eagle_drop):
+    from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
+    from kvsim.kv.pool import BlockPool
+    from kvsim.semantics import VERSIONS
+    sem = VERSIONS[version]
+    pool = BlockPool(64, True, sem.free_unhashed_to_front)
+    groups = [GroupSpec(g["kind"], g["block_size"]) for g in MAMBA_H3]
+    return HybridKVCacheManager(pool, groups, 1024, True, eagle_family=eagle_drop,
+                                eagle_drop=eagle_drop, rules=sem.hybrid)
+
+
+@pytest.mark.parametrize("chunks, no_spec, eagle", [
+    ([192, 8], 192, 0),        # the scheduler's split without spec; EAGLE: G0 pops to 128, no state there
+    ([128, 72], 128, 128),     # the split under EAGLE (last cache position one block earlier)
+    ([128, 64, 8], 192, 128),  # a smaller budget: states at 128 and 192
+])
+def test_h3_mamba_hit_depends_on_how_a_was_chunked(chunks, no_spec, eagle):
+    # §3.2 example H3: G0 full attention b = 64, G1 Mamba b = 64, L = 200. Mamba checkpoints
+    # exist only at the block-aligned chunk ends of A; B (the same prompt) hits the last one
+    # that every group accepts.
+    got = []
+    for drop in (False, True):
+        kv = _mamba_manager("0.32.0", drop)
+        a = Request(RequestSpec("A", 0.0, SegmentTokens([(1, 200)]), 1), 0)
+        for n in chunks:
+            assert kv.allocate_slots(a, n) is not None
+            a.num_computed_tokens += n
+            kv.new_step_starts()
+            kv.check_invariants()
+        kv.free(a)
+        kv.check_invariants()
+        b = Request(RequestSpec("B", 0.0, SegmentTokens([(1, 200)]), 1), 1)
+        got.append(kv.get_computed_blocks(b)[1])
+    assert got == [no_spec, eagle]
+
+
+def mamba_chunks_and_hit(version, spec, budget=2048):
+    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+           "engine": {"vllm_version": version, "num_gpu_blocks": 200, "max_model_len": 1024,
+                      "max_num_batched_tokens": budget, "max_num_seqs": 8, "kv_groups": MAMBA_H3},
+           "speculative": spec}
+    s = build_scheduler(parse_scenario(raw))
+    a = Request(RequestSpec("A", 0.0, SegmentTokens([(1, 200)]), 1), 0)
+    s.add_request(a)
+    chunks = []
+    while s.num_unfinished:
+        plan = s.schedule()
+        chunks += [c.num_new_tokens for c in plan.scheduled]
+        s.update_from_output(plan)
+        s.kv.check_invariants()
+    b = Request(RequestSpec("B", 0.0, SegmentTokens([(1, 200)]), 1), 1)
+    s.add_request(b)
+    run_until_done(s)
+    return chunks, b.cached_tokens
+
+
+EAGLE1 = {"method": "eagle", "num_speculative_tokens": 1}
+
+
+@pytest.mark.parametrize("version, spec, chunks, hit", [
+    # 0.19/0.22 split: last cache position L - L % b = 192, one block less under EAGLE.
+    ("0.19.0", {"method": "none"}, [192, 8], 192),
+    ("0.22.1", EAGLE1, [128, 72], 128),
+    # 0.32: rd(L - 1, b) = 192, with the drop rd(L, b) - b = 128.
+    ("0.32.0", {"method": "none"}, [192, 8], 192),
+    ("0.32.0", EAGLE1, [128, 72], 128),
+    # 0.33's lookahead hashes need no drop: rd(L - max(1, 1), b) = 192, and B hits 192.
+    ("0.33.0", EAGLE1, [192, 8], 192),
+])
+def test_h3_scheduler_split(version, spec, chunks, hit):
+    assert mamba_chunks_and_hit(version, spec) == (chunks, hit)
+
+
+def test_h3_split_under_a_small_budget_keeps_every_block_state():
+    # Budget 72: chunks round down to the block (64, 64, 64), then the tail; states at
+    # 64, 128 and 192 (the older ones freed, still hashed): B hits 192.
+    assert mamba_chunks_and_hit("0.33.0", {"method": "none"}, budget=72) == ([64, 64, 64, 8], 192)
+
+
+@pytest.mark.parametrize("version, groups, budget, where, what", [
+    ("0.33.0", [{"kind": "mamba", "block_size": 64}, {"kind": "mamba", "block_size": 64}], 2048,
+     "kv_groups[1].kind", "at most one mamba group"),
+    ("0.33.0", [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 64}],
+     2048, "kv_groups[1].block_size", "every group must use the mamba block_size"),
+    # 0.22's split rounds chunks down to the block: 64 > 32 schedules nothing, ever.
+    ("0.22.1", MAMBA_H3, 32, "kv_groups", "exceeds the largest prefill chunk (32)"),
+])
+def test_bad_mamba_layouts_are_one_line_errors(version, groups, budget, where, what):
+    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+           "engine": {"vllm_version": version, "num_gpu_blocks": 1000, "max_model_len": 1024,
+                      "max_num_batched_tokens": budget, "max_num_seqs": 8, "kv_groups": groups}}
+    with pytest.raises(ConfigError) as exc:
+        parse_scenario(raw)
+    assert exc.value.where.endswith(where) and what in exc.value.what
+
+
+def test_mamba_block_larger_than_a_chunk_advances_sub_block_in_033():
+    # 0.32+: when the block exceeds the chunk limit, chunks run sub-block and re-align at the
+    # next boundary (64 = 32 + 32); the last chunk ends at rd(L - 1, 64) = 192, then 8 more.
+    chunks, hit = mamba_chunks_and_hit("0.33.0", {"method": "none"}, budget=32)
+    assert chunks == [32] * 6 + [8] and hit == 192

@@ -1,4 +1,4 @@
-"""Hybrid KV-cache layouts: several KV groups (full attention, sliding window) on one pool.
+"""Hybrid KV-cache layouts: several KV groups (full attention, sliding window, Mamba) on one pool.
 
 Mirrors vLLM's ``HybridKVCacheCoordinator`` and its per-type managers:
 
@@ -13,7 +13,11 @@ Mirrors vLLM's ``HybridKVCacheCoordinator`` and its per-type managers:
   of the window are freed mid-request;
 * EAGLE groups (drop mode) look one block further, then drop it; writes are rounded down to
   ``U`` (plus, where the release caches it, the one block past ``U`` an EAGLE group needs);
-  a sliding-window group only publishes the blocks a future aligned hit can use.
+  a sliding-window group only publishes the blocks a future aligned hit can use;
+* a Mamba group keeps one state block per request (plus ``num_speculative_blocks``) and, in
+  "align" mode (prefix caching on), checkpoints the state at block-aligned chunk ends: a hit
+  is the last cached checkpoint, null-padded before it; older states are freed as the request
+  advances, and a checkpoint published in this step is not hittable until the next one.
 
 Every group draws on the same ``BlockPool``; each group keeps its own block tables.
 """
@@ -34,7 +38,7 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
-    """One KV-cache group: ``kind`` is ``full_attention`` or ``sliding_window``."""
+    """One KV-cache group: ``kind`` is ``full_attention``, ``sliding_window`` or ``mamba``."""
 
     kind: str
     block_size: int
@@ -47,6 +51,8 @@ class GroupSpec:
         if self.kind == "sliding_window":
             tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
             return min(cdiv(max_model_len, self.block_size), cdiv(tokens, self.block_size) + 1)
+        if self.kind == "mamba":
+            return 1  # the running state (speculative state blocks come on top)
         return cdiv(max_model_len, self.block_size)
 
 
@@ -73,6 +79,27 @@ class HybridRules:
     eagle_swa_must_be_aligned: bool = False
     # 0.32+ publish the prompt tail inside a coarse full-attention block (partial entry).
     partial_tail_hashes: bool = True
+    # Mamba "align" mode. ``mamba_split``: how the scheduler cuts prefill chunks so that
+    # states land on block boundaries: ``"last_block"`` (0.19/0.22: align chunks, force one to
+    # end at the prompt's last full block, a block earlier under EAGLE) or ``"checkpoint"``
+    # (0.32+: end-aligned chunks that also stop at the checkpoint position and at the
+    # shared-prefix junction a lookup reported). ``mamba_retire``: 0.32+ free old states past
+    # null gaps and remember how far they got; 0.19/0.22 stop at the first null block and
+    # first step the computed count back by num_speculative_blocks tokens.
+    # ``mamba_eagle_margin``: an EAGLE-flagged Mamba group is looked up one block past the
+    # candidate (0.19/0.22; its finder never drops, so the hit can grow back).
+    # On later passes the (downward-closed) full-attention group caps the candidate at its
+    # own hit (0.32+); 0.19/0.22 only round the candidate down to its block size, so a group
+    # looked up past the candidate (an EAGLE Mamba group) can raise the hit above it.
+    cap_at_full_attention_hit: bool = True
+    mamba_split: str = "checkpoint"
+    # 0.32+ (re-)register the prompt's checkpoint state under its prefix hash each time the
+    # request caches up to exactly that position, which also defers same-step hits on it:
+    # ``"always"`` (0.32), ``"unless_keyed"`` (0.33: not when the block already carries that
+    # entry), ``"never"`` (0.19/0.22 have no such entry).
+    mamba_tail_rekey: str = "unless_keyed"
+    mamba_retire: bool = True
+    mamba_eagle_margin: bool = False
 
 
 class _Group:
@@ -85,10 +112,19 @@ class _Group:
         self.tables: dict[str, list[Block]] = {}
         self.num_cached: dict[str, int] = {}
         self.use_eagle = False  # set by the coordinator: drop-mode EAGLE group
+        # Mamba "align" bookkeeping (vLLM's MambaManager): requests that got their first
+        # state blocks, the state block of the previous step, how far old states were retired,
+        # and the keys published in this step (not hittable until the next one, #29387).
+        self.allocated: set[str] = set()
+        self.last_state_idx: dict[str, int] = {}
+        self.num_retired: dict[str, int] = {}
+        self.cached_this_step: set[int] = set()
 
     def num_skipped_tokens(self, num_computed: int) -> int:
         if self.spec.kind == "sliding_window":
             return max(0, num_computed - self.spec.sliding_window + 1)
+        if self.spec.kind == "mamba":
+            return num_computed - 1  # only the state after the last computed token is needed
         return 0
 
     def contiguous_blocks_for_hit(self, use_eagle: bool) -> int:
@@ -101,7 +137,8 @@ class HybridKVCacheManager:
     def __init__(self, pool: BlockPool, groups: list[GroupSpec], max_model_len: int,
                  enable_caching: bool, eagle_family: bool = False, eagle_drop: bool = False,
                  hash_lookahead: int = 0, num_reprefillable: int = 0,
-                 max_in_flight_tokens: int = 0, rules: HybridRules = HybridRules()):
+                 max_in_flight_tokens: int = 0, rules: HybridRules = HybridRules(),
+                 num_speculative_blocks: int = 0):
         self.pool = pool
         self.groups = [_Group(i, g) for i, g in enumerate(groups)]
         sizes = [g.block_size for g in groups]
@@ -114,6 +151,12 @@ class HybridKVCacheManager:
         self.rules = rules
         self.hasher = BlockHasher(self.hash_block_size, hash_lookahead)
         self._coarse: dict[tuple, int] = {}
+        self.eagle_drop = eagle_drop
+        self.hash_lookahead = hash_lookahead
+        self.mamba_groups = [g for g in self.groups if g.spec.kind == "mamba"]
+        # Mamba prefix caching needs "align" mode, vLLM's default whenever caching is on.
+        self.mamba_align = bool(self.mamba_groups) and enable_caching
+        self.num_speculative_blocks = num_speculative_blocks if self.mamba_groups else 0
         # Flag groups holding the drafter; with none marked vLLM flags them all.
         flagged = {i for i, g in enumerate(groups) if g.eagle} if eagle_family else set()
         if eagle_family and (not flagged or not rules.per_group_eagle_flags):
@@ -225,8 +268,22 @@ class HybridKVCacheManager:
                     lst.pop()
         return blocks, len(first) * b
 
+    def _mamba_hit(self, keys, gids, max_length, b):
+        """The last cached state whose end is U-aligned, null-padded before it."""
+        U, null = self.block_size, self.pool.null_block
+        for i in range(max_length // b - 1, -1, -1):
+            cached = self._cached(keys, gids, i)
+            if cached is None or (b != U and (i + 1) * b % U):
+                continue
+            return {gid: [null] * i + [blk] for gid, blk in zip(gids, cached)}, (i + 1) * b
+        return {gid: [] for gid in gids}, 0
+
     def get_computed_blocks(self, req: Request) -> tuple[dict[int, list[Block]], int]:
-        """Fixed-point intersection of every group's hit (vLLM's hybrid coordinator). Pure."""
+        """Fixed-point intersection of every group's hit (vLLM's hybrid coordinator).
+
+        Pure but for one record: ``req.shared_prefix_boundary``, the longest single-group hit
+        when it exceeds the agreed one (0.32+ end a Mamba prefill chunk there)."""
+        req.shared_prefix_boundary = 0
         if not self.attention_groups:
             return {}, 0
         keys = {g.gid: self._group_keys(req, g) for g in self.groups}
@@ -238,20 +295,27 @@ class HybridKVCacheManager:
         by_group: dict[int, list[Block]] = {}
         len_by_group: dict[int, int] = {}
         verified: set[int] = set()
+        longest = 0
         while True:
             curr = hit_length
             for idx, (kind, gids, use_eagle) in enumerate(self.attention_groups):
                 g = self.groups[gids[0]]
                 if kind == "full_attention" and gids[0] in by_group:
-                    curr = min(curr, len_by_group[gids[0]])  # downward-closed: trim only
+                    if self.rules.cap_at_full_attention_hit:  # downward-closed: trim only
+                        curr = min(curr, len_by_group[gids[0]])
+                    else:
+                        curr -= curr % g.block_size
                     continue
                 if lookup == "spiral":
                     drop, max_length = use_eagle, curr
                 else:
                     drop = use_eagle and idx not in verified
-                    max_length = min(curr + g.block_size, horizon) if drop else curr
+                    margin = drop and (kind != "mamba" or self.rules.mamba_eagle_margin)
+                    max_length = min(curr + g.block_size, horizon) if margin else curr
                 if kind == "full_attention":
                     blocks, new = self._full_attention_hit(keys, gids, max_length, drop, g.block_size)
+                elif kind == "mamba":  # its finder never drops (draft models have no Mamba layers)
+                    blocks, new = self._mamba_hit(keys, gids, max_length, g.block_size)
                 else:
                     blocks, new = self._sliding_window_hit(keys, gids, max_length, drop, g)
                 if drop:
@@ -262,6 +326,7 @@ class HybridKVCacheManager:
                 for gid in gids:
                     by_group[gid] = blocks[gid]
                     len_by_group[gid] = new
+                longest = max(longest, curr)
             if curr >= hit_length:
                 break
             hit_length = curr
@@ -273,12 +338,22 @@ class HybridKVCacheManager:
                 n = cdiv(hit_length, self.groups[gids[0]].block_size)
                 for gid in gids:
                     del by_group[gid][n:]
+        if longest > hit_length:
+            req.shared_prefix_boundary = longest
         return by_group, hit_length
 
     # -- allocation ----------------------------------------------------------------------
 
     def _blocks_to_allocate(self, g: _Group, req_id: str, num_tokens: int, hit: list[Block],
-                            total_computed: int, admission_cap: bool) -> int:
+                            total_computed: int, admission_cap: bool, main_tokens: int) -> int:
+        if g.spec.kind == "mamba":
+            if hit and hit[-1].block_hash in g.cached_this_step:
+                # Mamba can't rely on a state another request publishes in this very step:
+                # report more than the pool holds so the request waits a step (#29387).
+                return self.pool.num_gpu_blocks + 1
+            if self.mamba_align:
+                return self._mamba_align_blocks_to_allocate(g, req_id, main_tokens, hit)
+            num_tokens += g.block_size * self.num_speculative_blocks
         required = cdiv(num_tokens, g.block_size)
         if admission_cap and g.spec.kind == "sliding_window" and self.rules.swa_admission_cap:
             cap_tokens = min(g.spec.sliding_window - 1 + self.max_in_flight_tokens, self.max_model_len)
@@ -289,30 +364,70 @@ class HybridKVCacheManager:
         skipped = g.num_skipped_tokens(total_computed) // g.block_size
         num_new = max(required - max(skipped, len(hit) + held), 0)
         skip_hit = max(0, skipped - held)
-        return num_new + sum(1 for blk in hit[skip_hit:]
-                             if blk.ref_cnt == 0 and blk is not self.pool.null_block)
+        return num_new + self._num_evictable(hit[skip_hit:])
+
+    def _num_evictable(self, blocks: list[Block]) -> int:
+        """Hit blocks that touching takes out of the free queue."""
+        return sum(1 for blk in blocks if blk.ref_cnt == 0 and blk is not self.pool.null_block)
+
+    def _mamba_align_blocks_to_allocate(self, g: _Group, req_id: str, main_tokens: int,
+                                        hit: list[Block]) -> int:
+        """Align mode ignores lookahead slots (draft models have no Mamba layers): a first
+        allocation needs the state block plus ``num_speculative_blocks``, later ones at most
+        one block (the speculative blocks are reused)."""
+        nsb = self.num_speculative_blocks
+        required = cdiv(main_tokens, g.block_size) + nsb
+        num_new = required - len(hit) - len(g.tables.get(req_id, ()))
+        if num_new > 0:
+            cap = 1 if req_id in g.allocated else 1 + nsb
+            num_new = min(num_new, cap) if self.rules.mamba_retire else cap
+        return num_new + self._num_evictable(hit)
 
     def num_blocks_to_allocate(self, req_id: str, num_tokens: int, hit: dict, total_computed: int = 0,
-                               admission_cap: bool = False) -> int:
+                               admission_cap: bool = False, main_tokens: int | None = None) -> int:
+        main = num_tokens if main_tokens is None else main_tokens
         return sum(self._blocks_to_allocate(g, req_id, num_tokens, hit.get(g.gid, []),
-                                            total_computed, admission_cap) for g in self.groups)
+                                            total_computed, admission_cap, main) for g in self.groups)
 
     def remove_skipped_blocks(self, req_id: str, num_computed: int) -> None:
-        """Free the blocks that slid out of each window (newest first), leaving null blocks."""
+        """Free what each group no longer reads (newest first), leaving null blocks: blocks
+        that slid out of a window, and Mamba states older than the last one."""
         null = self.pool.null_block
         for g in self.groups:
-            skipped = g.num_skipped_tokens(num_computed)
             table = g.tables.get(req_id)
-            if skipped <= 0 or table is None:
+            if table is None:
                 continue
-            freed = []
-            for i in range(min(skipped // g.block_size, len(table)) - 1, -1, -1):
-                if table[i] is null:
-                    break
-                freed.append(table[i])
-                table[i] = null
-            if freed:
-                self.pool.free_blocks(freed)
+            computed = num_computed
+            if g.spec.kind == "mamba" and not self.rules.mamba_retire:
+                # 0.19/0.22: pretend every draft of the last step gets rejected (async).
+                computed = max(0, num_computed - self.num_speculative_blocks)
+            skipped = g.num_skipped_tokens(computed)
+            if skipped > 0:
+                last = min(skipped // g.block_size, len(table))
+                if g.spec.kind == "mamba" and self.mamba_align and self.rules.mamba_retire:
+                    first = g.num_retired.get(req_id, 0)
+                    if first < last:  # skip the null gaps prefill left between states
+                        freed = [table[i] for i in range(last - 1, first - 1, -1) if table[i] is not null]
+                        for i in range(first, last):
+                            table[i] = null
+                        if freed:
+                            self.pool.free_blocks(freed)
+                        g.num_retired[req_id] = last
+                else:
+                    freed = []
+                    for i in range(last - 1, -1, -1):
+                        if table[i] is null:
+                            break
+                        freed.append(table[i])
+                        table[i] = null
+                    if freed:
+                        self.pool.free_blocks(freed)
+            if g.spec.kind == "mamba" and self.mamba_align:
+                # The state of two steps ago was copied forward last step: free it.
+                idx = g.last_state_idx.get(req_id)
+                if idx is not None and idx < cdiv(computed, g.block_size) - 1 and table[idx] is not null:
+                    self.pool.free_blocks([table[idx]])
+                    table[idx] = null
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: dict | None = None, num_lookahead_tokens: int = 0,
@@ -325,18 +440,20 @@ class HybridKVCacheManager:
             full = min(req.num_tokens, self.max_model_len)
             if self.num_blocks_to_allocate(req.req_id, full, hit, total, True) > self.pool.num_free_blocks:
                 return None
-        need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        main = total + num_new_tokens
+        need = min(main + num_lookahead_tokens, self.max_model_len)
         # Even if the allocation then fails; on the processed-token basis (in-flight steps
         # still read their window).
         self.remove_skipped_blocks(req.req_id, max(0, total - req.num_in_flight_tokens))
-        if self.num_blocks_to_allocate(req.req_id, need, hit, local) > self.pool.num_free_blocks:
+        num_blocks = self.num_blocks_to_allocate(req.req_id, need, hit, local, main_tokens=main)
+        if num_blocks > self.pool.num_free_blocks:
             return None
         null = self.pool.null_block
         if any(hit.values()):
             for g in self.groups:  # touch every group's hit before allocating any block
                 table = g.tables.setdefault(req.req_id, [])
                 blocks = hit.get(g.gid, [])
-                skipped = g.num_skipped_tokens(local) // g.block_size
+                skipped = max(0, g.num_skipped_tokens(local)) // g.block_size
                 blocks = blocks[skipped:]
                 self.pool.touch(b for b in blocks if b is not null)
                 table.extend([null] * skipped)
@@ -345,14 +462,53 @@ class HybridKVCacheManager:
         new_blocks = []
         for g in self.groups:
             table = g.tables.setdefault(req.req_id, [])
-            n = cdiv(need, g.block_size) - len(table)
-            if n > 0:
-                got = self.pool.get_new_blocks(n)
+            if g.spec.kind == "mamba" and self.mamba_align:
+                got = self._mamba_align_allocate(g, req.req_id, main, table)
+            else:
+                tokens = need + (g.block_size * self.num_speculative_blocks if g.spec.kind == "mamba" else 0)
+                n = cdiv(tokens, g.block_size) - len(table)
+                got = self.pool.get_new_blocks(n) if n > 0 else []
                 table.extend(got)
-                new_blocks.extend(got)
+            new_blocks.extend(got)
         if self.enable_caching:
             self.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
         return new_blocks
+
+    def _mamba_align_allocate(self, g: _Group, req_id: str, main_tokens: int,
+                              table: list[Block]) -> list[Block]:
+        """MambaManager.allocate_new_blocks in align mode: the running state goes in the
+        block of the last token, the speculative blocks after it (moved forward, not
+        reallocated, on later steps); everything before is null, except states kept as
+        checkpoints until ``remove_skipped_blocks`` frees them."""
+        nsb, null = self.num_speculative_blocks, self.pool.null_block
+        required = cdiv(main_tokens, g.block_size) + nsb
+        if required <= len(table):
+            if self.rules.mamba_retire:
+                g.allocated.add(req_id)
+            return []
+        prev = len(table)
+        allocated = req_id in g.allocated
+        if allocated:  # the running state sits just before the speculative blocks
+            g.last_state_idx[req_id] = prev - 1 - nsb
+        elif prev > 0:  # a prefix hit: its last block holds the hit state
+            g.last_state_idx[req_id] = prev - 1
+        num_skipped = required - nsb - 1
+        if prev < num_skipped:
+            table.extend([null] * (num_skipped - prev))
+        if allocated:
+            for idx in range(prev - nsb, prev):
+                if idx >= num_skipped:
+                    break
+                table.append(table[idx])
+                table[idx] = null
+        got = self.pool.get_new_blocks(max(required - len(table), 0))
+        table.extend(got)
+        g.allocated.add(req_id)
+        return got
+
+    def new_step_starts(self) -> None:
+        for g in self.mamba_groups:
+            g.cached_this_step.clear()
 
     # -- caching -------------------------------------------------------------------------
 
@@ -393,11 +549,37 @@ class HybridKVCacheManager:
             if (self.rules.partial_tail_hashes and g.spec.kind == "full_attention"
                     and g.block_size != self.hash_block_size):
                 self._cache_partial_tail(req, g, cacheable)
+            if g.spec.kind == "mamba" and self.mamba_align and self.rules.mamba_tail_rekey != "never":
+                self._rekey_mamba_checkpoint(req, g, cacheable)
+
+    def _rekey_mamba_checkpoint(self, req: Request, g: _Group, num_tokens: int) -> None:
+        """MambaManager._cache_partial_tail_block without internal checkpoints: the state at
+        the prompt's checkpoint position is (re-)registered under that prefix's hash, and
+        counts as published in this step."""
+        H = self.hash_block_size
+        if num_tokens <= 0 or num_tokens % H:
+            return
+        latest = max((req.num_prompt_tokens - max(1, self.hash_lookahead)) // H * H, 0)
+        if num_tokens != latest or num_tokens // H > len(req.block_hashes):
+            return
+        table = g.tables.get(req.req_id, ())
+        idx = cdiv(num_tokens, g.block_size) - 1
+        if idx >= len(table) or table[idx] is self.pool.null_block:
+            return
+        blk = table[idx]
+        if self.rules.mamba_tail_rekey == "unless_keyed" and blk.hash_tokens == num_tokens:
+            return
+        key = req.block_hashes[num_tokens // H - 1] * len(self.groups) + g.gid
+        self.pool.cache_partial_block(blk, key, num_tokens)
+        g.cached_this_step.add(key)
 
     def _cache_full(self, req: Request, g: _Group, keys: list[int], num_cached: int,
                     num_full: int) -> None:
         mask = self._mask(g, num_cached, num_full)
         table = g.tables[req.req_id]
+        if g.spec.kind == "mamba":
+            g.cached_this_step.update(keys[i] for i in range(num_cached, num_full)
+                                      if table[i] is not self.pool.null_block)
         if mask is None:
             self.pool.cache_full_blocks(table, keys, num_cached, num_full, g.block_size)
         else:
@@ -429,10 +611,10 @@ class HybridKVCacheManager:
         for g in self.groups:
             table = g.tables.pop(req.req_id, [])
             g.num_cached.pop(req.req_id, None)
-            start = 0
-            while start < len(table) and table[start] is null:
-                start += 1
-            self.pool.free_blocks(reversed(table[start:]))
+            g.allocated.discard(req.req_id)
+            g.last_state_idx.pop(req.req_id, None)
+            g.num_retired.pop(req.req_id, None)
+            self.pool.free_blocks(reversed([blk for blk in table if blk is not null]))
 
     def block_ids(self, req_id: str) -> list[list[int]]:
         return [[blk.block_id for blk in g.tables.get(req_id, ())] for g in self.groups]

@@ -41,6 +41,11 @@ class KVCacheManager:
         # present only once the request has been through cache_blocks or a hit.
         self.num_cached_block: dict[str, int] = {}
 
+    mamba_align = False  # no Mamba group: the scheduler never aligns chunks for one
+
+    def new_step_starts(self) -> None:
+        """Nothing to reset for a single full-attention group."""
+
     def get_computed_blocks(self, req: Request) -> tuple[list[Block], int]:
         """Longest prefix hit for a waiting request: (blocks, hit length in tokens). Pure."""
         if not self.enable_caching:

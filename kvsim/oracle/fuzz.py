@@ -37,10 +37,22 @@ def _groups(rng: random.Random, mml: int, budget: int) -> tuple[list[dict], int,
     return groups, U, need
 
 
-def random_scenario(seed: int, spec: bool = False, hybrid: bool = False,
+def _mamba_groups(rng: random.Random, k: int) -> tuple[list[dict], int, int]:
+    """A Mamba layout as vLLM builds one: every group on the Mamba block size."""
+    b = rng.choice([8, 16, 32, 64])
+    groups = [{"kind": "full_attention", "block_size": b, "eagle": rng.random() < 0.5},
+              {"kind": "mamba", "block_size": b, "eagle": rng.random() < 0.3}]
+    if rng.random() < 0.25:
+        groups.append({"kind": "sliding_window", "block_size": b,
+                       "sliding_window": rng.choice([8, 32, 100])})
+    return groups, b, 1 + k
+
+
+def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
                     async_scheduling: bool = False) -> dict:
-    """A seeded scenario; ``spec`` adds speculative decoding, ``hybrid`` a multi-group layout,
-    ``async_scheduling`` vLLM's asynchronous scheduler."""
+    """A seeded scenario; ``spec`` adds speculative decoding, ``hybrid`` a multi-group layout
+    (``"mamba"``: one with a Mamba group), ``async_scheduling`` vLLM's asynchronous
+    scheduler."""
     rng = random.Random(seed)
     b = rng.choice([4, 8, 16, 32])
     mml = rng.choice([128, 256, 512, 1024])
@@ -70,7 +82,13 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool = False,
         engine["speculative"] = {"method": method, "num_speculative_tokens": k}
         engine["max_num_batched_tokens"] = budget = max(budget, 8 * (k + 1))
         engine["max_num_seqs"] = min(engine["max_num_seqs"], budget)
-    if hybrid:
+    if hybrid == "mamba":
+        groups, U, need = _mamba_groups(rng, k)
+        need += sum(cdiv(mml, g["block_size"]) for g in groups if g["kind"] != "mamba")
+        engine["kv_groups"] = groups
+        engine["block_size"] = b = U
+        engine["num_gpu_blocks"] = need + 1 + rng.choice([0, 2, need // 2, 2 * need])
+    elif hybrid:
         groups, U, need = _groups(rng, mml, budget)
         engine["kv_groups"] = groups
         engine["block_size"] = b = U

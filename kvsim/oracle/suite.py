@@ -27,9 +27,10 @@ from kvsim.oracle.replay import build, compare, drive
 from kvsim.oracle.validate import DRIVER, oracle_python
 from kvsim.semantics import VERSIONS
 
-MIXES = (  # (speculative decoding, hybrid groups, asynchronous scheduling)
+MIXES = (  # (speculative decoding, hybrid groups ("mamba": with a Mamba group), asynchronous)
     (False, False, False), (True, False, False), (False, True, False), (True, True, False),
-    (False, False, True), (True, True, True),
+    (False, False, True), (True, True, True), (False, "mamba", False), (True, "mamba", False),
+    (True, "mamba", True),
 )
 
 
