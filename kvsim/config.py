@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from kvsim import presets
+from kvsim import presets, traces
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
@@ -159,13 +159,29 @@ SPECULATIVE_KEYS = (
         "slots per request."),
 )
 
+TRACE_FORMATS = ("kvsim", "mooncake", "azure")
+GENERATOR_NAMES = ("shared_prefix",)
+TRACE_ONLY_KEYS = ("path", "format", "speedup", "window_start_s", "window_end_s", "sample_fraction")
+
 WORKLOAD_KEYS = (
     Key("kind", "str", "synthetic", "`trace` (read a file) or `synthetic` (generate).",
         choices=("trace", "synthetic")),
-    Key("format", "str", "kvsim", "Trace format (kind = trace): `kvsim` JSONL.", choices=("kvsim",)),
+    Key("trace", "str", None, "A known public trace by name (`kvsim traces`), read from the trace "
+        "cache (`$KVSIM_TRACE_DIR`, else `~/.cache/kvsim/traces`). Give `trace` or `path`."),
     Key("path", "str", None, "Trace file (kind = trace), relative to the scenario file."),
-    Key("generator", "str", "shared_prefix", "Synthetic generator (kind = synthetic).",
-        choices=("shared_prefix",)),
+    Key("format", "str", None, "Trace format: `kvsim` JSONL, `mooncake` JSONL (hash ids), `azure` "
+        "CSV. Default: the named trace's format, else `kvsim`.", choices=TRACE_FORMATS, derived=True),
+    Key("speedup", "float", 1.0, "Replay the trace this many times faster: arrival times (after the "
+        "window) are divided by it.", low=0, low_open=True),
+    Key("window_start_s", "float", 0.0, "Keep trace requests arriving at or after this trace time, "
+        "seconds; it becomes t = 0.", low=0),
+    Key("window_end_s", "float", None, "Keep trace requests arriving before this trace time, seconds "
+        "(default: to the end).", low=0, low_open=True),
+    Key("sample_fraction", "float", 1.0, "Keep this fraction of the trace's requests in the window, "
+        "drawn without replacement with the run's seed, in trace order.", low=0, low_open=True,
+        high=1),
+    Key("generator", "str", "shared_prefix", "Synthetic generator (kind = synthetic; see Workloads).",
+        choices=GENERATOR_NAMES),
     Key("num_requests", "int", 100, "Requests to generate.", low=1),
     Key("request_rate", "float", 10.0, "Poisson arrival rate, requests/s (`inf`: all at t = 0).",
         low=0, low_open=True),
@@ -188,7 +204,8 @@ COST_KEYS = (
 
 RUN_KEYS = (
     Key("seed", "int", 0, "Seed for every random choice (same seed, same output).", low=0),
-    Key("max_requests", "int", None, "Use only the first N requests of the workload.", low=1),
+    Key("max_requests", "int", None, "Use only the first N requests of the workload (of a trace: after its "
+        "window and sampling).", low=1),
     Key("max_sim_time_s", "float", None, "Stop the clock here; unfinished requests are reported "
         "unfinished.", low=0, low_open=True),
     Key("max_steps", "int", None, "Stop after this many engine steps.", low=1),
@@ -300,6 +317,15 @@ class WorkloadCfg:
     user_history_tokens: int
     input_tokens: int
     output_tokens: int
+    trace: str | None = None
+    speedup: float = 1.0
+    window_start_s: float = 0.0
+    window_end_s: float | None = None
+    sample_fraction: float = 1.0
+
+    @property
+    def reads_trace(self) -> bool:
+        return self.kind == "trace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,18 +589,36 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
 
 def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     w = _section(raw, "workload", file)
+    where = f"{file}: workload"
     if w["kind"] == "trace":
-        if w["path"] is None:
-            raise ConfigError(f"{file}: workload.path", "missing (kind = 'trace' reads a file)")
-        p = Path(w["path"]).expanduser()
-        if not p.is_absolute() and base is not None:
-            p = base / p
-        if not p.is_file():
-            what = "is a directory, not a trace file" if p.is_dir() else "no such file"
-            raise ConfigError(f"{file}: workload.path", f"{what}: {p}")
-        w["path"] = p
-    elif w["path"] is not None:
-        raise ConfigError(f"{file}: workload.path", "only used with kind = 'trace'")
+        if w["trace"] is not None and w["path"] is not None:
+            raise ConfigError(f"{where}.trace", "give trace (a known name) or path (a file), not both")
+        if w["trace"] is not None:
+            t = traces.known(w["trace"], f"{where}.trace")
+            if w["format"] is not None and w["format"] != t.format:
+                raise ConfigError(f"{where}.format", f"trace {t.name!r} is in format {t.format!r}, "
+                                  f"not {w['format']!r}")
+            w["format"] = t.format
+            w["path"] = traces.locate(t.name, f"{where}.trace")
+        elif w["path"] is None:
+            raise ConfigError(f"{where}.path", "missing (kind = 'trace' reads a file: give path, or "
+                              "trace = a known trace name)")
+        else:
+            p = Path(w["path"]).expanduser()
+            if not p.is_absolute() and base is not None:
+                p = base / p
+            if not p.is_file():
+                what = "is a directory, not a trace file" if p.is_dir() else "no such file"
+                raise ConfigError(f"{where}.path", f"{what}: {p}")
+            w["path"] = p
+        if w["window_end_s"] is not None and w["window_end_s"] <= w["window_start_s"]:
+            raise ConfigError(f"{where}.window_end_s", f"{w['window_end_s']} must be greater than "
+                              f"window_start_s ({w['window_start_s']})")
+    else:
+        for key in ("path", "trace"):
+            if w[key] is not None:
+                raise ConfigError(f"{where}.{key}", "only used with kind = 'trace'")
+    w["format"] = w["format"] or "kvsim"
     return _build(WorkloadCfg, w)
 
 
@@ -630,13 +674,15 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     model = _build(ModelCfg, _section(raw, "model", file))
     hardware = _build(HardwareCfg, _section(raw, "hardware", file))
     engine = _engine(raw, file, model, hardware)
+    speculative = _speculative(raw, file, engine)
+    workload = _workload(raw, file, path.parent if path else None)
     return Scenario(
         path=path,
         model=model,
         hardware=hardware,
         engine=engine,
-        speculative=_speculative(raw, file, engine),
-        workload=_workload(raw, file, path.parent if path else None),
+        speculative=speculative,
+        workload=workload,
         cost=_build(CostCfg, _section(raw, "cost", file)),
         run=_build(RunCfg, _section(raw, "run", file)),
     )
@@ -695,8 +741,9 @@ def resolved_toml(sc: Scenario) -> str:
             v = getattr(cfg, key.name)
             if v is None:
                 continue
-            if section == "workload" and key.name in ("format", "path") and sc.workload.kind != "trace":
-                continue
+            if section == "workload" and (key.name == "trace" or (
+                    key.name in TRACE_ONLY_KEYS and not sc.workload.reads_trace)):
+                continue  # a named trace is written as its resolved path
             if section == "speculative" and key.name != "method" and not sc.speculative.enabled:
                 continue
             if key.type == "groups":

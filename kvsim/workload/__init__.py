@@ -2,28 +2,66 @@
 
 ``build_requests(scenario)`` returns the run's ``RequestSpec`` list sorted by arrival time
 (ties keep file/generation order), checked against the engine's ``max_model_len``.
+
+A trace is read by its format's reader, then cut to ``[window_start_s, window_end_s)`` of
+trace time (shifted so the window starts at t = 0), sampled (``sample_fraction``, seeded),
+and sped up (``speedup`` divides the arrival times); ``run.max_requests`` keeps the first N
+of what is left.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 
-from kvsim.config import Scenario
+from kvsim.config import Scenario, WorkloadCfg
 from kvsim.errors import ConfigError
 from kvsim.request import RequestSpec
+from kvsim.workload.azure import read_azure
 from kvsim.workload.jsonl import read_kvsim_jsonl
+from kvsim.workload.mooncake import read_mooncake
 from kvsim.workload.synthetic import GENERATORS
+
+READERS = {"kvsim": read_kvsim_jsonl, "mooncake": read_mooncake, "azure": read_azure}
+
+# A sub-stream of run.seed, apart from the generator's own default_rng(seed).
+_SAMPLE_STREAM = 1
+
+
+def read_trace(fmt: str, path: Path) -> list[RequestSpec]:
+    """All requests of a trace file, in file order, arrivals in trace seconds."""
+    return READERS[fmt](path)
+
+
+def select(specs: list[RequestSpec], w: WorkloadCfg, seed: int, where: str) -> list[RequestSpec]:
+    """Window, sample and speed up a trace's requests (see the module doc)."""
+    lo, hi = w.window_start_s, w.window_end_s
+    if lo > 0 or hi is not None:
+        specs = [s for s in specs if s.arrival_s >= lo and (hi is None or s.arrival_s < hi)]
+        if not specs:
+            end = "the end" if hi is None else f"{hi:g} s"
+            raise ConfigError(where, f"no request arrives in the window from {lo:g} s to {end}")
+    if w.sample_fraction < 1:
+        k = max(1, round(w.sample_fraction * len(specs)))
+        rng = np.random.default_rng((seed, _SAMPLE_STREAM))
+        keep = np.sort(rng.choice(len(specs), size=k, replace=False))
+        specs = [specs[i] for i in keep]
+    if lo > 0 or w.speedup != 1:
+        specs = [replace(s, arrival_s=(s.arrival_s - lo) / w.speedup) for s in specs]
+    return specs
 
 
 def build_requests(sc: Scenario) -> list[RequestSpec]:
     """The scenario's requests in arrival order. Raises ConfigError on bad input."""
     w = sc.workload
+    seed = sc.run.seed
     if w.kind == "trace":
-        specs = read_kvsim_jsonl(w.path)
         where = str(w.path)
+        specs = select(read_trace(w.format, w.path), w, seed, where)
     else:
-        rng = np.random.default_rng(sc.run.seed)
-        specs = GENERATORS[w.generator](w, rng)
+        specs = GENERATORS[w.generator](w, np.random.default_rng(seed))
         where = "workload"
     if sc.run.max_requests is not None:
         specs = specs[: sc.run.max_requests]
