@@ -160,7 +160,7 @@ SPECULATIVE_KEYS = (
 )
 
 TRACE_FORMATS = ("kvsim", "mooncake", "azure")
-GENERATOR_NAMES = ("shared_prefix",)
+GENERATOR_NAMES = ("shared_prefix", "multi_turn", "rag", "agent")
 TRACE_ONLY_KEYS = ("path", "format", "speedup", "window_start_s", "window_end_s", "sample_fraction")
 
 WORKLOAD_KEYS = (
@@ -168,7 +168,8 @@ WORKLOAD_KEYS = (
         choices=("trace", "synthetic")),
     Key("trace", "str", None, "A known public trace by name (`kvsim traces`), read from the trace "
         "cache (`$KVSIM_TRACE_DIR`, else `~/.cache/kvsim/traces`). Give `trace` or `path`."),
-    Key("path", "str", None, "Trace file (kind = trace), relative to the scenario file."),
+    Key("path", "str", None, "Trace file, relative to the scenario file (kind = trace, or "
+        "arrival = trace)."),
     Key("format", "str", None, "Trace format: `kvsim` JSONL, `mooncake` JSONL (hash ids), `azure` "
         "CSV. Default: the named trace's format, else `kvsim`.", choices=TRACE_FORMATS, derived=True),
     Key("speedup", "float", 1.0, "Replay the trace this many times faster: arrival times (after the "
@@ -182,15 +183,42 @@ WORKLOAD_KEYS = (
         high=1),
     Key("generator", "str", "shared_prefix", "Synthetic generator (kind = synthetic; see Workloads).",
         choices=GENERATOR_NAMES),
+    Key("arrival", "str", "poisson", "Arrival process of the requests (`shared_prefix`, `rag`) or of "
+        "the conversations / sessions (`multi_turn`, `agent`): `poisson` at `request_rate`, `gamma` "
+        "(mean rate `request_rate`, inter-arrival CV `arrival_cv`), `trace` (the arrival times of "
+        "the trace given by `trace` or `path`, after window, sampling and speedup).",
+        choices=("poisson", "gamma", "trace")),
+    Key("arrival_cv", "float", 2.0, "Coefficient of variation of gamma inter-arrival times (1: "
+        "Poisson; above 1: bursty).", low=0, low_open=True),
     Key("num_requests", "int", 100, "Requests to generate.", low=1),
-    Key("request_rate", "float", 10.0, "Poisson arrival rate, requests/s (`inf`: all at t = 0).",
-        low=0, low_open=True),
+    Key("request_rate", "float", 10.0, "Mean arrival rate, per second, of requests or of "
+        "conversations / sessions (`inf`: all at t = 0).", low=0, low_open=True),
     Key("system_prompt_tokens", "int", 512, "Prefix shared by every request.", low=0),
-    Key("num_users", "int", 8, "Users; each request belongs to one, drawn uniformly.", low=1),
-    Key("user_history_tokens", "int", 1024, "Per-user prefix after the system prompt, shared by "
-        "that user's requests.", low=0),
-    Key("input_tokens", "int", 128, "Fresh tokens at the end of each prompt.", low=1),
+    Key("num_users", "int", 8, "shared_prefix: users; each request belongs to one, drawn "
+        "uniformly.", low=1),
+    Key("user_history_tokens", "int", 1024, "shared_prefix: per-user prefix after the system "
+        "prompt, shared by that user's requests.", low=0),
+    Key("input_tokens", "int", 128, "Fresh tokens per request: shared_prefix and rag: the question "
+        "at the end; multi_turn: each new user message; agent: mean tool observation "
+        "(exponential).", low=1),
     Key("output_tokens", "int", 128, "Tokens each request generates (`max_tokens`).", low=1),
+    Key("turns", "int", 4, "multi_turn: requests per conversation; agent: steps per session.",
+        low=1),
+    Key("think_time_s", "float", 5.0, "multi_turn, agent: mean time (exponential) from one turn's "
+        "arrival to the next (reading and typing, or the tool call).", low=0),
+    Key("context_tokens", "int", 8192, "agent: per-session context after the system prompt (task, "
+        "files), shared by that session's steps only.", low=0),
+    Key("num_documents", "int", 1000, "rag: documents in the pool.", low=1),
+    Key("documents_per_request", "int", 4, "rag: documents in each prompt (distinct).", low=1),
+    Key("document_tokens", "int", 1024, "rag: tokens per document.", low=1),
+    Key("zipf_s", "float", 1.0, "rag: document popularity exponent: the document of rank r is "
+        "drawn with weight r^-s (0: uniform).", low=0),
+    Key("acceptance_rate_mean", "float", None, "Give every request an `accepted` list (for "
+        "speculative.acceptance = 'trace'; requests that carry one keep it): a per-request "
+        "acceptance rate p drawn from a beta distribution with this mean, each draft position "
+        "accepted with probability p until the first rejection.", low=0, high=1),
+    Key("acceptance_rate_sd", "float", 0.1, "Standard deviation of the per-request acceptance "
+        "rate (0: every request has the mean).", low=0),
 )
 
 COST_KEYS = (
@@ -322,10 +350,22 @@ class WorkloadCfg:
     window_start_s: float = 0.0
     window_end_s: float | None = None
     sample_fraction: float = 1.0
+    arrival: str = "poisson"
+    arrival_cv: float = 2.0
+    turns: int = 4
+    think_time_s: float = 5.0
+    context_tokens: int = 8192
+    num_documents: int = 1000
+    documents_per_request: int = 4
+    document_tokens: int = 1024
+    zipf_s: float = 1.0
+    acceptance_rate_mean: float | None = None
+    acceptance_rate_sd: float = 0.1
 
     @property
     def reads_trace(self) -> bool:
-        return self.kind == "trace"
+        """A trace file is read: for its requests, or for arrival times only."""
+        return self.kind == "trace" or self.arrival == "trace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,7 +630,8 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
 def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     w = _section(raw, "workload", file)
     where = f"{file}: workload"
-    if w["kind"] == "trace":
+    reads = w["kind"] == "trace" or w["arrival"] == "trace"
+    if reads:
         if w["trace"] is not None and w["path"] is not None:
             raise ConfigError(f"{where}.trace", "give trace (a known name) or path (a file), not both")
         if w["trace"] is not None:
@@ -601,8 +642,9 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
             w["format"] = t.format
             w["path"] = traces.locate(t.name, f"{where}.trace")
         elif w["path"] is None:
-            raise ConfigError(f"{where}.path", "missing (kind = 'trace' reads a file: give path, or "
-                              "trace = a known trace name)")
+            need = "kind = 'trace'" if w["kind"] == "trace" else "arrival = 'trace'"
+            raise ConfigError(f"{where}.path", f"missing ({need} reads a file: give path, or trace "
+                              "= a known trace name)")
         else:
             p = Path(w["path"]).expanduser()
             if not p.is_absolute() and base is not None:
@@ -617,8 +659,17 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     else:
         for key in ("path", "trace"):
             if w[key] is not None:
-                raise ConfigError(f"{where}.{key}", "only used with kind = 'trace'")
+                raise ConfigError(f"{where}.{key}", "only used with kind = 'trace' or arrival = 'trace'")
     w["format"] = w["format"] or "kvsim"
+    if w["kind"] == "synthetic" and w["generator"] == "rag" and (
+            w["documents_per_request"] > w["num_documents"]):
+        raise ConfigError(f"{where}.documents_per_request", f"{w['documents_per_request']} exceeds "
+                          f"num_documents ({w['num_documents']})")
+    mean, sd = w["acceptance_rate_mean"], w["acceptance_rate_sd"]
+    if mean is not None and 0 < mean < 1 and sd * sd >= mean * (1 - mean):
+        raise ConfigError(f"{where}.acceptance_rate_sd", f"{sd} is too large for mean {mean}: a beta "
+                          f"distribution needs sd < sqrt(mean * (1 - mean)) = "
+                          f"{math.sqrt(mean * (1 - mean)):.4g}")
     return _build(WorkloadCfg, w)
 
 
@@ -676,6 +727,10 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     engine = _engine(raw, file, model, hardware)
     speculative = _speculative(raw, file, engine)
     workload = _workload(raw, file, path.parent if path else None)
+    if (workload.acceptance_rate_mean is not None and speculative.enabled
+            and speculative.acceptance != "trace"):
+        raise ConfigError(f"{file}: workload.acceptance_rate_mean", "generated acceptances are used "
+                          "only with speculative.acceptance = 'trace'")
     return Scenario(
         path=path,
         model=model,
