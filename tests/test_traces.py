@@ -322,3 +322,12 @@ def test_shared_folder_serves_as_the_cache(monkeypatch):
     sc = scenario({"trace": "mooncake-conversation", "window_end_s": 20})
     specs = build_requests(sc)
     assert specs and all(s.arrival_s < 20 for s in specs)
+
+
+def test_azure_header_with_byte_order_mark(tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,48,10\n"
+                  b"2023-11-16 18:17:04.2199600,30,8\n")
+    a, b = read_azure(p)
+    assert (len(a.prompt), a.max_tokens, b.arrival_s) == (48, 10, pytest.approx(0.24996))
+    assert not set(a.prompt.window(0, 48)) & set(b.prompt.window(0, 30))

@@ -51,7 +51,7 @@ def read_azure(path: Path) -> list[RequestSpec]:
     t0 = None
     next_id = AZURE_TOKEN_BASE
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:  # a BOM is tolerated
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None:
