@@ -1,7 +1,8 @@
 """The ``kvsim`` command line.
 
 ``kvsim run scenario.toml [--out DIR]`` simulates a scenario and writes its results;
-``kvsim presets`` lists the shipped model and hardware presets. Bad input prints one line,
+``kvsim presets`` lists the shipped model and hardware presets; ``kvsim traces`` lists the known
+public traces and downloads one into the trace cache. Bad input prints one line,
 ``kvsim: error: <where>: <what>``, and exits with status 2, leaving no result folder behind.
 """
 
@@ -171,6 +172,39 @@ def cmd_presets(args) -> int:
     return 0
 
 
+def cmd_traces(args) -> int:
+    from kvsim import traces
+
+    if args.action == "download":
+        if not args.name:
+            raise ConfigError("traces download", "name a trace (kvsim traces lists them)")
+        t = traces.known(args.name)
+        folder = Path(args.dir).expanduser() if args.dir else None
+        print(f"downloading {t.name} ({traces.size_text(t.num_bytes)}, license {t.license}) from {t.url}",
+              flush=True)
+        print(f"saved {traces.download(t.name, folder)}")
+        return 0
+    if args.action == "path":
+        if not args.name:
+            raise ConfigError("traces path", "name a trace (kvsim traces lists them)")
+        print(traces.locate(args.name, f"traces path {args.name}"))
+        return 0
+    if args.name:
+        raise ConfigError("traces", f"unexpected {args.name!r}; use 'kvsim traces download NAME'")
+    cache = traces.cache_dir()
+    print(f"trace cache: {cache}  (set KVSIM_TRACE_DIR to use another folder)")
+    for t in traces.KNOWN.values():
+        here = (cache / t.file).is_file()
+        count = f"{t.num_requests:,} requests" if t.num_requests else "requests unknown"
+        print(f"  {t.name:22} {t.format:9} {count:17} {traces.size_text(t.num_bytes):13} "
+              f"{'cached' if here else 'not cached'}")
+        print(f"  {'':22} {t.description}; license {t.license}")
+        print(f"  {'':22} {t.url}")
+    print("kvsim traces download NAME fetches one into the cache (needs internet access); a "
+          "scenario names it with [workload] trace = \"NAME\".")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kvsim", description="Block-exact simulator of vLLM's KV cache.")
     ap.add_argument("--version", action="version", version=f"kvsim {__version__}")
@@ -198,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(func=cmd_validate)
     pre = sub.add_parser("presets", help="list the shipped model and hardware presets")
     pre.set_defaults(func=cmd_presets)
+    tr = sub.add_parser("traces", help="list the known public traces, or download one to the cache")
+    tr.add_argument("action", nargs="?", choices=("list", "download", "path"), default="list",
+                    help="list (default), download NAME into the cache, or print the cached path of NAME")
+    tr.add_argument("name", nargs="?", help="a trace name from the list")
+    tr.add_argument("--dir", help="download into this folder instead of the cache")
+    tr.set_defaults(func=cmd_traces)
     return ap
 
 

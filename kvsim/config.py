@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from kvsim import presets
+from kvsim import presets, traces
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
@@ -161,22 +161,66 @@ SPECULATIVE_KEYS = (
         "slots per request."),
 )
 
+TRACE_FORMATS = ("kvsim", "mooncake", "azure")
+GENERATOR_NAMES = ("shared_prefix", "multi_turn", "rag", "agent")
+TRACE_ONLY_KEYS = ("path", "format", "speedup", "window_start_s", "window_end_s", "sample_fraction")
+
 WORKLOAD_KEYS = (
     Key("kind", "str", "synthetic", "`trace` (read a file) or `synthetic` (generate).",
         choices=("trace", "synthetic")),
-    Key("format", "str", "kvsim", "Trace format (kind = trace): `kvsim` JSONL.", choices=("kvsim",)),
-    Key("path", "str", None, "Trace file (kind = trace), relative to the scenario file."),
-    Key("generator", "str", "shared_prefix", "Synthetic generator (kind = synthetic).",
-        choices=("shared_prefix",)),
+    Key("trace", "str", None, "A known public trace by name (`kvsim traces`), read from the trace "
+        "cache (`$KVSIM_TRACE_DIR`, else `~/.cache/kvsim/traces`). Give `trace` or `path`."),
+    Key("path", "str", None, "Trace file, relative to the scenario file (kind = trace, or "
+        "arrival = trace)."),
+    Key("format", "str", None, "Trace format: `kvsim` JSONL, `mooncake` JSONL (hash ids), `azure` "
+        "CSV. Default: the named trace's format, else `kvsim`.", choices=TRACE_FORMATS, derived=True),
+    Key("speedup", "float", 1.0, "Replay the trace this many times faster: arrival times (after the "
+        "window) are divided by it.", low=0, low_open=True),
+    Key("window_start_s", "float", 0.0, "Keep trace requests arriving at or after this trace time, "
+        "seconds; it becomes t = 0.", low=0),
+    Key("window_end_s", "float", None, "Keep trace requests arriving before this trace time, seconds "
+        "(default: to the end).", low=0, low_open=True),
+    Key("sample_fraction", "float", 1.0, "Keep this fraction of the trace's requests in the window, "
+        "drawn without replacement with the run's seed, in trace order.", low=0, low_open=True,
+        high=1),
+    Key("generator", "str", "shared_prefix", "Synthetic generator (kind = synthetic; see Workloads).",
+        choices=GENERATOR_NAMES),
+    Key("arrival", "str", "poisson", "Arrival process of the requests (`shared_prefix`, `rag`) or of "
+        "the conversations / sessions (`multi_turn`, `agent`): `poisson` at `request_rate`, `gamma` "
+        "(mean rate `request_rate`, inter-arrival CV `arrival_cv`), `trace` (the arrival times of "
+        "the trace given by `trace` or `path`, after window, sampling and speedup).",
+        choices=("poisson", "gamma", "trace")),
+    Key("arrival_cv", "float", 2.0, "Coefficient of variation of gamma inter-arrival times (1: "
+        "Poisson; above 1: bursty).", low=0, low_open=True),
     Key("num_requests", "int", 100, "Requests to generate.", low=1),
-    Key("request_rate", "float", 10.0, "Poisson arrival rate, requests/s (`inf`: all at t = 0).",
-        low=0, low_open=True),
+    Key("request_rate", "float", 10.0, "Mean arrival rate, per second, of requests or of "
+        "conversations / sessions (`inf`: all at t = 0).", low=0, low_open=True),
     Key("system_prompt_tokens", "int", 512, "Prefix shared by every request.", low=0),
-    Key("num_users", "int", 8, "Users; each request belongs to one, drawn uniformly.", low=1),
-    Key("user_history_tokens", "int", 1024, "Per-user prefix after the system prompt, shared by "
-        "that user's requests.", low=0),
-    Key("input_tokens", "int", 128, "Fresh tokens at the end of each prompt.", low=1),
+    Key("num_users", "int", 8, "shared_prefix: users; each request belongs to one, drawn "
+        "uniformly.", low=1),
+    Key("user_history_tokens", "int", 1024, "shared_prefix: per-user prefix after the system "
+        "prompt, shared by that user's requests.", low=0),
+    Key("input_tokens", "int", 128, "Fresh tokens per request: shared_prefix and rag: the question "
+        "at the end; multi_turn: each new user message; agent: mean tool observation "
+        "(exponential).", low=1),
     Key("output_tokens", "int", 128, "Tokens each request generates (`max_tokens`).", low=1),
+    Key("turns", "int", 4, "multi_turn: requests per conversation; agent: steps per session.",
+        low=1),
+    Key("think_time_s", "float", 5.0, "multi_turn, agent: mean time (exponential) from one turn's "
+        "arrival to the next (reading and typing, or the tool call).", low=0),
+    Key("context_tokens", "int", 8192, "agent: per-session context after the system prompt (task, "
+        "files), shared by that session's steps only.", low=0),
+    Key("num_documents", "int", 1000, "rag: documents in the pool.", low=1),
+    Key("documents_per_request", "int", 4, "rag: documents in each prompt (distinct).", low=1),
+    Key("document_tokens", "int", 1024, "rag: tokens per document.", low=1),
+    Key("zipf_s", "float", 1.0, "rag: document popularity exponent: the document of rank r is "
+        "drawn with weight r^-s (0: uniform).", low=0),
+    Key("acceptance_rate_mean", "float", None, "Give every request an `accepted` list (for "
+        "speculative.acceptance = 'trace'; requests that carry one keep it): a per-request "
+        "acceptance rate p drawn from a beta distribution with this mean, each draft position "
+        "accepted with probability p until the first rejection.", low=0, high=1),
+    Key("acceptance_rate_sd", "float", 0.1, "Standard deviation of the per-request acceptance "
+        "rate (0: every request has the mean).", low=0),
 )
 
 COST_KEYS = (
@@ -190,7 +234,8 @@ COST_KEYS = (
 
 RUN_KEYS = (
     Key("seed", "int", 0, "Seed for every random choice (same seed, same output).", low=0),
-    Key("max_requests", "int", None, "Use only the first N requests of the workload.", low=1),
+    Key("max_requests", "int", None, "Use only the first N requests of the workload (of a trace: after its "
+        "window and sampling).", low=1),
     Key("max_sim_time_s", "float", None, "Stop the clock here; unfinished requests are reported "
         "unfinished.", low=0, low_open=True),
     Key("max_steps", "int", None, "Stop after this many engine steps.", low=1),
@@ -302,6 +347,27 @@ class WorkloadCfg:
     user_history_tokens: int
     input_tokens: int
     output_tokens: int
+    trace: str | None = None
+    speedup: float = 1.0
+    window_start_s: float = 0.0
+    window_end_s: float | None = None
+    sample_fraction: float = 1.0
+    arrival: str = "poisson"
+    arrival_cv: float = 2.0
+    turns: int = 4
+    think_time_s: float = 5.0
+    context_tokens: int = 8192
+    num_documents: int = 1000
+    documents_per_request: int = 4
+    document_tokens: int = 1024
+    zipf_s: float = 1.0
+    acceptance_rate_mean: float | None = None
+    acceptance_rate_sd: float = 0.1
+
+    @property
+    def reads_trace(self) -> bool:
+        """A trace file is read: for its requests, or for arrival times only."""
+        return self.kind == "trace" or self.arrival == "trace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,18 +647,47 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
 
 def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     w = _section(raw, "workload", file)
-    if w["kind"] == "trace":
-        if w["path"] is None:
-            raise ConfigError(f"{file}: workload.path", "missing (kind = 'trace' reads a file)")
-        p = Path(w["path"]).expanduser()
-        if not p.is_absolute() and base is not None:
-            p = base / p
-        if not p.is_file():
-            what = "is a directory, not a trace file" if p.is_dir() else "no such file"
-            raise ConfigError(f"{file}: workload.path", f"{what}: {p}")
-        w["path"] = p
-    elif w["path"] is not None:
-        raise ConfigError(f"{file}: workload.path", "only used with kind = 'trace'")
+    where = f"{file}: workload"
+    reads = w["kind"] == "trace" or w["arrival"] == "trace"
+    if reads:
+        if w["trace"] is not None and w["path"] is not None:
+            raise ConfigError(f"{where}.trace", "give trace (a known name) or path (a file), not both")
+        if w["trace"] is not None:
+            t = traces.known(w["trace"], f"{where}.trace")
+            if w["format"] is not None and w["format"] != t.format:
+                raise ConfigError(f"{where}.format", f"trace {t.name!r} is in format {t.format!r}, "
+                                  f"not {w['format']!r}")
+            w["format"] = t.format
+            w["path"] = traces.locate(t.name, f"{where}.trace")
+        elif w["path"] is None:
+            need = "kind = 'trace'" if w["kind"] == "trace" else "arrival = 'trace'"
+            raise ConfigError(f"{where}.path", f"missing ({need} reads a file: give path, or trace "
+                              "= a known trace name)")
+        else:
+            p = Path(w["path"]).expanduser()
+            if not p.is_absolute() and base is not None:
+                p = base / p
+            if not p.is_file():
+                what = "is a directory, not a trace file" if p.is_dir() else "no such file"
+                raise ConfigError(f"{where}.path", f"{what}: {p}")
+            w["path"] = p
+        if w["window_end_s"] is not None and w["window_end_s"] <= w["window_start_s"]:
+            raise ConfigError(f"{where}.window_end_s", f"{w['window_end_s']} must be greater than "
+                              f"window_start_s ({w['window_start_s']})")
+    else:
+        for key in ("path", "trace"):
+            if w[key] is not None:
+                raise ConfigError(f"{where}.{key}", "only used with kind = 'trace' or arrival = 'trace'")
+    w["format"] = w["format"] or "kvsim"
+    if w["kind"] == "synthetic" and w["generator"] == "rag" and (
+            w["documents_per_request"] > w["num_documents"]):
+        raise ConfigError(f"{where}.documents_per_request", f"{w['documents_per_request']} exceeds "
+                          f"num_documents ({w['num_documents']})")
+    mean, sd = w["acceptance_rate_mean"], w["acceptance_rate_sd"]
+    if mean is not None and 0 < mean < 1 and sd * sd >= mean * (1 - mean):
+        raise ConfigError(f"{where}.acceptance_rate_sd", f"{sd} is too large for mean {mean}: a beta "
+                          f"distribution needs sd < sqrt(mean * (1 - mean)) = "
+                          f"{math.sqrt(mean * (1 - mean)):.4g}")
     return _build(WorkloadCfg, w)
 
 
@@ -648,13 +743,19 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     model = _build(ModelCfg, _section(raw, "model", file))
     hardware = _build(HardwareCfg, _section(raw, "hardware", file))
     engine = _engine(raw, file, model, hardware)
+    speculative = _speculative(raw, file, engine)
+    workload = _workload(raw, file, path.parent if path else None)
+    if (workload.acceptance_rate_mean is not None and speculative.enabled
+            and speculative.acceptance != "trace"):
+        raise ConfigError(f"{file}: workload.acceptance_rate_mean", "generated acceptances are used "
+                          "only with speculative.acceptance = 'trace'")
     return Scenario(
         path=path,
         model=model,
         hardware=hardware,
         engine=engine,
-        speculative=_speculative(raw, file, engine),
-        workload=_workload(raw, file, path.parent if path else None),
+        speculative=speculative,
+        workload=workload,
         cost=_build(CostCfg, _section(raw, "cost", file)),
         run=_build(RunCfg, _section(raw, "run", file)),
     )
@@ -713,8 +814,9 @@ def resolved_toml(sc: Scenario) -> str:
             v = getattr(cfg, key.name)
             if v is None:
                 continue
-            if section == "workload" and key.name in ("format", "path") and sc.workload.kind != "trace":
-                continue
+            if section == "workload" and (key.name == "trace" or (
+                    key.name in TRACE_ONLY_KEYS and not sc.workload.reads_trace)):
+                continue  # a named trace is written as its resolved path
             if section == "speculative" and key.name != "method" and not sc.speculative.enabled:
                 continue
             if key.type == "groups":

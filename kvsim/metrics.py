@@ -176,7 +176,8 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
         if d is None:
             lines.append(f"{label:14}{'-':>10}")
             continue
-        lines.append(f"{label:14}" + "".join(f"{d[q] * scale:>10.2f}" for q in ("p50", "p90", "p99", "mean")))
+        # A space before every value keeps columns apart past 10 characters (queued runs).
+        lines.append(f"{label:14}" + "".join(f" {d[q] * scale:>9.2f}" for q in ("p50", "p90", "p99", "mean")))
     t = s["throughput"]
     if t["requests_per_s"] is not None:
         lines.append(f"throughput    {t['requests_per_s']:.2f} req/s, "

@@ -10,7 +10,12 @@ from kvsim.errors import ConfigError
 from kvsim.request import ExplicitTokens, SegmentTokens
 from kvsim.workload import build_requests
 from kvsim.workload.jsonl import read_kvsim_jsonl
-from kvsim.workload.synthetic import shared_prefix
+from kvsim.workload.synthetic import process_arrivals, shared_prefix
+
+
+def generate(gen, w, seed):
+    rng = np.random.default_rng(seed)
+    return gen(w, rng, lambda n: process_arrivals(w, n, rng))
 
 
 def write(tmp_path, lines):
@@ -89,7 +94,7 @@ def test_shared_prefix_structure():
            "workload": {"num_requests": 50, "system_prompt_tokens": 32, "num_users": 3,
                         "user_history_tokens": 16, "input_tokens": 8, "request_rate": 5.0}}
     w = parse_scenario(raw).workload
-    specs = shared_prefix(w, np.random.default_rng(1))
+    specs = generate(shared_prefix, w, 1)
     assert all(len(s.prompt) == 56 for s in specs)
     systems = {s.prompt.window(0, 32) for s in specs}
     assert len(systems) == 1
@@ -102,4 +107,123 @@ def test_shared_prefix_structure():
     arrivals = [s.arrival_s for s in specs]
     assert arrivals == sorted(arrivals)
     assert 0.12 < arrivals[-1] / 50 < 0.28  # mean gap of a 5 req/s Poisson process: 0.2 s
-    assert [s.arrival_s for s in shared_prefix(w, np.random.default_rng(1))] == arrivals
+    assert [s.arrival_s for s in generate(shared_prefix, w, 1)] == arrivals
+
+
+# -- generators with shared structure ------------------------------------------------------
+
+SMALL = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"}}
+
+
+def specs_of(workload, speculative=None, seed=0):
+    raw = {**SMALL, "workload": workload, "run": {"seed": seed}}
+    if speculative:
+        raw["speculative"] = speculative
+    return build_requests(parse_scenario(raw))
+
+
+def test_multi_turn_prompt_is_history_plus_new_message():
+    specs = specs_of({"generator": "multi_turn", "num_requests": 10, "turns": 4,
+                      "system_prompt_tokens": 64, "input_tokens": 20, "output_tokens": 30,
+                      "think_time_s": 2.0, "request_rate": 1.0})
+    assert len(specs) == 10
+    convs = {}
+    for s in specs:
+        c, t = s.req_id.split("-")
+        convs.setdefault(c, {})[int(t[1:])] = s
+    assert sorted(len(v) for v in convs.values()) == [2, 4, 4]  # the last one is cut to 10
+    systems = set()
+    for turns in convs.values():
+        for t, s in turns.items():
+            assert len(s.prompt) == 64 + t * 50 + 20
+            if t:
+                prev = turns[t - 1]
+                assert s.prompt.window(0, len(prev.prompt)) == prev.prompt.window(0, len(prev.prompt))
+                assert s.arrival_s >= prev.arrival_s
+            systems.add(s.prompt.window(0, 64))
+    assert len(systems) == 1
+    firsts = [turns[0].prompt.window(64, 84) for turns in convs.values()]
+    assert len(set(firsts)) == 3  # conversations share only the system prompt
+
+
+def test_agent_context_grows_and_sessions_do_not_share_it():
+    specs = specs_of({"generator": "agent", "num_requests": 12, "turns": 6, "system_prompt_tokens": 32,
+                      "context_tokens": 500, "input_tokens": 40, "output_tokens": 8})
+    by = {}
+    for s in specs:
+        by.setdefault(s.req_id.split("-")[0], []).append(s)
+    assert len(by) == 2
+    for steps in by.values():
+        lens = [len(s.prompt) for s in steps]
+        assert lens == sorted(lens) and lens[0] > 532 and all(s.max_tokens == 8 for s in steps)
+        for a, b in zip(steps, steps[1:]):
+            assert b.prompt.window(0, len(a.prompt)) == a.prompt.window(0, len(a.prompt))
+    a, b = by.values()
+    assert a[0].prompt.window(0, 32) == b[0].prompt.window(0, 32)
+    assert a[0].prompt.window(32, 532) != b[0].prompt.window(32, 532)
+
+
+def test_rag_documents_follow_zipf_popularity():
+    specs = specs_of({"generator": "rag", "num_requests": 400, "num_documents": 50,
+                      "documents_per_request": 3, "document_tokens": 16, "system_prompt_tokens": 16,
+                      "input_tokens": 8, "zipf_s": 1.2})
+    counts = {}
+    for s in specs:
+        assert len(s.prompt) == 16 + 3 * 16 + 8
+        docs = [s.prompt.window(16 + 16 * j, 32 + 16 * j) for j in range(3)]
+        assert len(set(docs)) == 3
+        for d in docs:
+            counts[d] = counts.get(d, 0) + 1
+    ranked = sorted(counts, key=lambda d: d[0])  # document r has the r-th id range
+    assert counts[ranked[0]] > counts[ranked[4]] > counts[ranked[-1]]
+    assert len({s.prompt.window(64, 72) for s in specs}) == 400  # questions are unique
+    uniform = specs_of({"generator": "rag", "num_requests": 400, "num_documents": 50,
+                        "documents_per_request": 3, "document_tokens": 16, "zipf_s": 0})
+    assert len({s.prompt.window(512, 528) for s in uniform}) > 40
+
+
+def test_gamma_arrivals_have_the_configured_rate_and_cv():
+    specs = specs_of({"num_requests": 4000, "request_rate": 20.0, "arrival": "gamma",
+                      "arrival_cv": 3.0, "system_prompt_tokens": 0, "user_history_tokens": 0,
+                      "input_tokens": 1})
+    gaps = np.diff([0.0] + [s.arrival_s for s in specs])
+    assert gaps.mean() == pytest.approx(0.05, rel=0.15)
+    assert gaps.std() / gaps.mean() == pytest.approx(3.0, rel=0.2)
+
+
+def test_trace_driven_arrivals(tmp_path):
+    p = write(tmp_path, [{"arrival_s": t, "max_tokens": 1, "prompt_token_ids": [1]}
+                         for t in (0.0, 0.5, 2.0, 7.0)])
+    specs = specs_of({"generator": "rag", "num_requests": 3, "arrival": "trace", "path": str(p),
+                      "speedup": 2.0, "num_documents": 5, "documents_per_request": 1})
+    assert [s.arrival_s for s in specs] == [0.0, 0.25, 1.0]
+    with pytest.raises(ConfigError, match="has 4 requests .* needs 6"):
+        specs_of({"generator": "multi_turn", "num_requests": 12, "turns": 2, "arrival": "trace",
+                  "path": str(p)})
+
+
+def test_generated_acceptances():
+    spec = {"method": "mtp", "num_speculative_tokens": 3, "acceptance": "trace"}
+    w = {"num_requests": 200, "output_tokens": 300, "acceptance_rate_mean": 0.6,
+         "acceptance_rate_sd": 0.15}
+    specs = specs_of(w, spec)
+    assert all(s.accepted and all(0 <= a <= 3 for a in s.accepted) for s in specs)
+    per_request = [np.mean([a > 0 for a in s.accepted]) for s in specs]
+    assert np.mean(per_request) == pytest.approx(0.6, abs=0.05)
+    assert np.std(per_request) == pytest.approx(0.15, rel=0.3)
+    assert [s.accepted for s in specs_of(w, spec)] == [s.accepted for s in specs]
+    with pytest.raises(ConfigError, match="needs an 'accepted' list"):
+        specs_of({"num_requests": 2}, spec)
+    with pytest.raises(ConfigError, match="only with speculative.acceptance = 'trace'"):
+        specs_of(w, {"method": "mtp", "num_speculative_tokens": 3})
+    with pytest.raises(ConfigError, match="too large for mean"):
+        specs_of({**w, "acceptance_rate_sd": 0.5}, spec)
+
+
+@pytest.mark.parametrize("generator", ["shared_prefix", "multi_turn", "rag", "agent"])
+def test_generators_are_seeded(generator):
+    w = {"generator": generator, "num_requests": 30, "num_documents": 20, "context_tokens": 64,
+         "arrival": "gamma"}
+    a, b, c = specs_of(w, seed=1), specs_of(w, seed=1), specs_of(w, seed=2)
+    key = lambda specs: [(s.req_id, s.arrival_s, s.prompt.window(0, len(s.prompt))) for s in specs]  # noqa: E731
+    assert key(a) == key(b) != key(c)

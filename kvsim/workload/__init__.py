@@ -2,38 +2,116 @@
 
 ``build_requests(scenario)`` returns the run's ``RequestSpec`` list sorted by arrival time
 (ties keep file/generation order), checked against the engine's ``max_model_len``.
+
+A trace is read by its format's reader, then cut to ``[window_start_s, window_end_s)`` of
+trace time (shifted so the window starts at t = 0), sampled (``sample_fraction``, seeded),
+and sped up (``speedup`` divides the arrival times); ``run.max_requests`` keeps the first N
+of what is left. A synthetic workload with ``arrival = "trace"`` takes its arrival times
+from a trace treated the same way.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 
-from kvsim.config import Scenario
+from kvsim.config import Scenario, WorkloadCfg
 from kvsim.errors import ConfigError
 from kvsim.request import RequestSpec
+from kvsim.workload.azure import read_azure
 from kvsim.workload.jsonl import read_kvsim_jsonl
-from kvsim.workload.synthetic import GENERATORS
+from kvsim.workload.mooncake import read_mooncake
+from kvsim.workload.synthetic import GENERATORS, process_arrivals
+
+READERS = {"kvsim": read_kvsim_jsonl, "mooncake": read_mooncake, "azure": read_azure}
+
+# Sub-streams of run.seed, apart from the generator's own default_rng(seed).
+_SAMPLE_STREAM, _ACCEPT_STREAM = 1, 2
+
+
+def read_trace(fmt: str, path: Path) -> list[RequestSpec]:
+    """All requests of a trace file, in file order, arrivals in trace seconds."""
+    return READERS[fmt](path)
+
+
+def select(specs: list[RequestSpec], w: WorkloadCfg, seed: int, where: str) -> list[RequestSpec]:
+    """Window, sample and speed up a trace's requests (see the module doc)."""
+    lo, hi = w.window_start_s, w.window_end_s
+    if lo > 0 or hi is not None:
+        specs = [s for s in specs if s.arrival_s >= lo and (hi is None or s.arrival_s < hi)]
+        if not specs:
+            end = "the end" if hi is None else f"{hi:g} s"
+            raise ConfigError(where, f"no request arrives in the window from {lo:g} s to {end}")
+    if w.sample_fraction < 1:
+        k = max(1, round(w.sample_fraction * len(specs)))
+        rng = np.random.default_rng((seed, _SAMPLE_STREAM))
+        keep = np.sort(rng.choice(len(specs), size=k, replace=False))
+        specs = [specs[i] for i in keep]
+    if lo > 0 or w.speedup != 1:
+        specs = [replace(s, arrival_s=(s.arrival_s - lo) / w.speedup) for s in specs]
+    return specs
+
+
+def _with_acceptances(specs: list[RequestSpec], w: WorkloadCfg, k: int, seed: int) -> list[RequestSpec]:
+    """Give each request without one an ``accepted`` list (``acceptance_rate_mean``)."""
+    mean, sd = w.acceptance_rate_mean, w.acceptance_rate_sd
+    rng = np.random.default_rng((seed, _ACCEPT_STREAM))
+    if sd > 0 and 0 < mean < 1:
+        nu = mean * (1 - mean) / (sd * sd) - 1  # beta(a, b) with this mean and sd
+        rates = rng.beta(mean * nu, (1 - mean) * nu, size=len(specs))
+    else:
+        rates = np.full(len(specs), mean)
+    out = []
+    for s, p in zip(specs, rates):
+        if s.accepted is not None:
+            out.append(s)
+            continue
+        m = min(s.max_tokens, 512)  # cycled by the acceptance model
+        if p >= 1:
+            acc = np.full(m, k)
+        else:
+            # Leading successes before the first rejection, capped at k drafts.
+            acc = np.minimum(rng.geometric(1 - p, size=m) - 1, k)
+        out.append(replace(s, accepted=tuple(int(a) for a in acc)))
+    return out
 
 
 def build_requests(sc: Scenario) -> list[RequestSpec]:
     """The scenario's requests in arrival order. Raises ConfigError on bad input."""
     w = sc.workload
+    seed = sc.run.seed
     if w.kind == "trace":
-        specs = read_kvsim_jsonl(w.path)
         where = str(w.path)
+        specs = select(read_trace(w.format, w.path), w, seed, where)
     else:
-        rng = np.random.default_rng(sc.run.seed)
-        specs = GENERATORS[w.generator](w, rng)
+        rng = np.random.default_rng(seed)
         where = "workload"
+
+        def arrivals(n: int) -> np.ndarray:
+            if w.arrival != "trace":
+                return process_arrivals(w, n, rng)
+            times = sorted(s.arrival_s for s in select(read_trace(w.format, w.path), w, seed,
+                                                          str(w.path)))
+            if len(times) < n:
+                raise ConfigError(f"{w.path}", f"the arrival trace has {len(times)} requests "
+                                  f"(after window and sampling); the generator needs {n}")
+            return np.asarray(times[:n])
+
+        specs = GENERATORS[w.generator](w, rng, arrivals)
     if sc.run.max_requests is not None:
         specs = specs[: sc.run.max_requests]
+    if w.acceptance_rate_mean is not None and sc.speculative.enabled:
+        specs = _with_acceptances(specs, w, sc.speculative.num_speculative_tokens, seed)
     specs = sorted(specs, key=lambda s: s.arrival_s)  # stable: ties keep their order
     mml = sc.engine.max_model_len
     needs_trace = sc.speculative.enabled and sc.speculative.acceptance == "trace"
     for s in specs:
         if needs_trace and s.accepted is None:
             raise ConfigError(f"{where}: request {s.req_id}", "speculative.acceptance = 'trace' "
-                              "needs an 'accepted' list on every request")
+                              "needs an 'accepted' list on every request (or set "
+                              "workload.acceptance_rate_mean)")
         if len(s.prompt) >= mml:
             raise ConfigError(f"{where}: request {s.req_id}",
                               f"prompt of {len(s.prompt)} tokens plus at least one output token "

@@ -1,28 +1,70 @@
-"""Seeded synthetic workloads with shared-prefix structure.
+"""Seeded synthetic workloads with shared structure.
 
-``shared_prefix``: every prompt is
+Every generator takes the workload section, a numpy ``Generator`` seeded with ``run.seed``
+and ``arrivals(n)``, which returns ``n`` sorted arrival times of the configured process
+(``poisson``, ``gamma`` or ``trace``). Token ids come from disjoint ranges handed out in
+generation order, so only the parts meant to be shared are shared:
 
-    [ system prompt | history of user u | fresh input ]
-      shared by all   shared by u's requests   unique
+``shared_prefix``  ``[ system prompt | history of user u | fresh input ]``; users uniform.
+``multi_turn``     conversations of ``turns`` requests; turn t's prompt is
+                   ``[ system | m1 | a1 | ... | a(t-1) | mt ]``: the whole history plus the new
+                   message. The answers ``a`` are re-sent as prompt tokens; kvsim does not
+                   model output content, so an answer misses the cache the first time it
+                   comes back as history (as if re-tokenised differently) and hits after.
+``rag``            ``[ system | d1 ... dk | question ]``: k distinct documents from a pool,
+                   drawn by Zipf popularity (weight ``rank ** -zipf_s``), in draw order.
+``agent``          sessions of ``turns`` steps: ``[ system | context | o1 | a1 | ... | ot ]``, a
+                   long per-session context that grows by a tool observation (exponential,
+                   mean ``input_tokens``) and the previous action at every step; outputs short.
 
-users are drawn uniformly, arrivals are Poisson at ``request_rate`` (all at t = 0 when it is
-``inf``). Token ids come from disjoint ranges, so only the intended parts are shared.
+The arrival process gives the requests (``shared_prefix``, ``rag``) or the first turn of each
+conversation / session (``multi_turn``, ``agent``); a later turn arrives an exponential
+think time (mean ``think_time_s``) after the previous turn's arrival (open loop: it does
+not wait for the answer).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from kvsim.config import WorkloadCfg
 from kvsim.request import RequestSpec, SegmentTokens
 
+Arrivals = Callable[[int], np.ndarray]
 
-def shared_prefix(w: WorkloadCfg, rng: np.random.Generator) -> list[RequestSpec]:
-    n = w.num_requests
+
+def process_arrivals(w: WorkloadCfg, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` arrival times of a Poisson or gamma renewal process at ``request_rate``."""
     if np.isinf(w.request_rate):
-        arrivals = np.zeros(n)
-    else:
-        arrivals = np.cumsum(rng.exponential(1.0 / w.request_rate, size=n))
+        return np.zeros(n)
+    if w.arrival == "gamma":
+        # Gamma inter-arrival times with mean 1 / rate and CV arrival_cv: shape 1 / cv^2.
+        shape = 1.0 / (w.arrival_cv * w.arrival_cv)
+        return np.cumsum(rng.gamma(shape, 1.0 / (w.request_rate * shape), size=n))
+    return np.cumsum(rng.exponential(1.0 / w.request_rate, size=n))
+
+
+class _Ids:
+    """Hands out disjoint token-id ranges, in order, from 1 up."""
+
+    def __init__(self):
+        self.next = 1
+
+    def take(self, n: int) -> tuple[int, int]:
+        seg = (self.next, n)
+        self.next += n
+        return seg
+
+
+def _think(w: WorkloadCfg, rng: np.random.Generator) -> float:
+    return float(rng.exponential(w.think_time_s)) if w.think_time_s > 0 else 0.0
+
+
+def shared_prefix(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) -> list[RequestSpec]:
+    n = w.num_requests
+    times = arrivals(n)
     users = rng.integers(0, w.num_users, size=n)
     system = (1, w.system_prompt_tokens)
     history_base = 1 + w.system_prompt_tokens
@@ -36,9 +78,65 @@ def shared_prefix(w: WorkloadCfg, rng: np.random.Generator) -> list[RequestSpec]
         if w.user_history_tokens:
             segs.append((history_base + u * w.user_history_tokens, w.user_history_tokens))
         segs.append((fresh_base + i * w.input_tokens, w.input_tokens))
-        specs.append(RequestSpec(req_id=f"u{u}-r{i}", arrival_s=float(arrivals[i]),
+        specs.append(RequestSpec(req_id=f"u{u}-r{i}", arrival_s=float(times[i]),
                                  prompt=SegmentTokens(segs), max_tokens=w.output_tokens))
     return specs
 
 
-GENERATORS = {"shared_prefix": shared_prefix}
+def multi_turn(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) -> list[RequestSpec]:
+    n, turns = w.num_requests, w.turns
+    starts = arrivals(-(-n // turns))
+    ids = _Ids()
+    system = [ids.take(w.system_prompt_tokens)] if w.system_prompt_tokens else []
+    specs = []
+    for c, start in enumerate(starts):
+        t_arr = float(start)
+        history: list[tuple[int, int]] = []
+        for t in range(min(turns, n - c * turns)):
+            history.append(ids.take(w.input_tokens))
+            specs.append(RequestSpec(req_id=f"c{c}-t{t}", arrival_s=t_arr,
+                                     prompt=SegmentTokens(system + history),
+                                     max_tokens=w.output_tokens))
+            history.append(ids.take(w.output_tokens))  # the answer, re-sent next turn
+            t_arr += _think(w, rng)
+    return specs
+
+
+def agent(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) -> list[RequestSpec]:
+    n, steps = w.num_requests, w.turns
+    starts = arrivals(-(-n // steps))
+    ids = _Ids()
+    system = [ids.take(w.system_prompt_tokens)] if w.system_prompt_tokens else []
+    specs = []
+    for s, start in enumerate(starts):
+        t_arr = float(start)
+        history = [ids.take(w.context_tokens)] if w.context_tokens else []
+        for k in range(min(steps, n - s * steps)):
+            obs = max(1, round(float(rng.exponential(w.input_tokens))))
+            history.append(ids.take(obs))
+            specs.append(RequestSpec(req_id=f"s{s}-k{k}", arrival_s=t_arr,
+                                     prompt=SegmentTokens(system + history),
+                                     max_tokens=w.output_tokens))
+            history.append(ids.take(w.output_tokens))  # the action, part of the next context
+            t_arr += _think(w, rng)
+    return specs
+
+
+def rag(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) -> list[RequestSpec]:
+    n, k, dt = w.num_requests, w.documents_per_request, w.document_tokens
+    times = arrivals(n)
+    ids = _Ids()
+    system = [ids.take(w.system_prompt_tokens)] if w.system_prompt_tokens else []
+    doc_base, _ = ids.take(w.num_documents * dt)
+    weights = np.arange(1, w.num_documents + 1, dtype=float) ** -w.zipf_s
+    popularity = weights / weights.sum()
+    specs = []
+    for i in range(n):
+        docs = rng.choice(w.num_documents, size=k, replace=False, p=popularity)
+        segs = system + [(doc_base + int(d) * dt, dt) for d in docs] + [ids.take(w.input_tokens)]
+        specs.append(RequestSpec(req_id=f"q{i}", arrival_s=float(times[i]),
+                                 prompt=SegmentTokens(segs), max_tokens=w.output_tokens))
+    return specs
+
+
+GENERATORS = {"shared_prefix": shared_prefix, "multi_turn": multi_turn, "rag": rag, "agent": agent}
