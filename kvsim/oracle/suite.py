@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,9 +39,16 @@ def mixes_for(version: str) -> list[tuple[bool, bool, bool]]:
     return [m for m in MIXES if not m[2] or VERSIONS[version].async_modelled]
 
 
+STALL = re.compile(r"stall at step (\d+)")
+
+
 def run_version(version: str, count: int, first_seed: int, python: Path,
-                max_calls: int) -> tuple[int, int, int, list[str]]:
-    """Returns (compared, mismatching, refused by vLLM, first mismatch reports)."""
+                max_calls: int) -> tuple[int, int, int, int, list[str]]:
+    """Returns (compared, of which ending in the release's own stall, mismatching, refused or
+    unfinished by vLLM, first mismatch reports).
+
+    A scenario in which vLLM deadlocks (schedule() schedules nothing, nothing is running)
+    counts as compared when kvsim deadlocks at the same step, as a mismatch otherwise."""
     mixes = mixes_for(version)
     cases = []
     for i in range(count):
@@ -61,19 +69,26 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
     if len(results) != len(cases):
         raise ConfigError("oracle", f"vLLM {version}'s driver returned {len(results)} results "
                           f"for {len(cases)} scenarios")
-    compared = bad = refused = 0
+    compared = stalls = bad = refused = 0
     reports: list[str] = []
     for (seed, mix, sc), res in zip(cases, results):
         if "error" in res:
-            refused += 1
-            continue
+            m = STALL.match(res["error"])
+            if m is None:
+                refused += 1
+                continue
+            stalls += 1
+            stall = int(m[1])
+            got = drive(sc, version, check_invariants=False, max_steps=stall + 1)["stall"]
+            mismatches = [] if got == stall else [f"vLLM deadlocks at step {stall}, kvsim: {got}"]
+        else:
+            mismatches = compare(drive(sc, version, check_invariants=False), res, limit=3)
         compared += 1
-        mismatches = compare(drive(sc, version, check_invariants=False), res, limit=3)
         if mismatches:
             bad += 1
             if len(reports) < 10:
                 reports.append(f"{version} seed {seed} spec/hybrid/async={mix}: " + "; ".join(mismatches))
-    return compared, bad, refused, reports
+    return compared, stalls, bad, refused, reports
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,15 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             python = oracle_python(version, None)
             t0 = time.perf_counter()
-            compared, bad, refused, reports = run_version(version, args.count, args.first_seed,
-                                                          python, args.max_calls)
+            compared, stalls, bad, refused, reports = run_version(
+                version, args.count, args.first_seed, python, args.max_calls)
         except ConfigError as exc:
             print(f"kvsim: error: {exc.where}: {exc.what}", file=sys.stderr)
             return 2
         total += compared
         total_bad += bad
-        print(f"vLLM {version}: {compared} traces compared, {bad} mismatching, {refused} refused "
-              f"or unfinished by vLLM ({time.perf_counter() - t0:.0f} s)")
+        print(f"vLLM {version}: {compared} traces compared ({stalls} ending in vLLM's own "
+              f"deadlock), {bad} mismatching, {refused} refused or unfinished by vLLM "
+              f"({time.perf_counter() - t0:.0f} s)")
         for r in reports:
             print("  " + r[:400])
     print(f"differential: {total - total_bad} passed, {total_bad} failed")
