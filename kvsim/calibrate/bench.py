@@ -183,13 +183,27 @@ class Bench:
             qq = q[start:start + b * nq].view(b, nq, self.num_heads, d).transpose(1, 2)
             kk = self.k_cache[region].view(b, n, self.num_kv_heads, d).transpose(1, 2)
             vv = self.v_cache[region].view(b, n, self.num_kv_heads, d).transpose(1, 2)
-            mask = causal_lower_right(nq, n) if nq > 1 else None
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
+            o = self._attention(F, causal_lower_right, qq, kk, vv, nq, n)
             outs.append(o.transpose(1, 2).reshape(b * nq, self.num_heads * d))
             start += b * nq
         x = x + torch.cat(outs) @ self.w_o.T
         gate, up = (self._rms(x, self.norm2) @ self.w_gate_up.T).chunk(2, dim=-1)
         return x + (F.silu(gate) * up) @ self.w_down.T
+
+    dense_mask = False  # set when this torch build refuses a CausalBias with GQA
+
+    def _attention(self, F, causal_lower_right, q, k, v, nq, n):
+        """SDPA with GQA; queries aligned to the end of the keys (lower-right causal)."""
+        if nq == 1:
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        if not self.dense_mask:
+            try:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(nq, n),
+                                                      enable_gqa=True)
+            except (RuntimeError, TypeError, NotImplementedError):
+                self.dense_mask = True
+        mask = self.torch.ones(nq, n, dtype=self.torch.bool, device=q.device).tril(n - nq)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
     def head(self, x, inp):
         """Final norm, LM head over the sampled rows, greedy sample."""

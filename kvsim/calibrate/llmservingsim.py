@@ -118,7 +118,7 @@ def step_rows(folder: Path, tp: int, model: str | None = None) -> tuple[list[dic
     once = sum(dense_us(op, tokens) for op in ONCE_PER_STEP if op in dense)
     head = np.interp(sampled, *per_seq["lm_head"]) + np.interp(sampled, *per_seq["sampler"])
     layers = int(shape["num_hidden_layers"])
-    common = {"source": f"llmservingsim:{folder.name}", "device": meta.get("gpu", ""),
+    common = {"source": f"llmservingsim:{hf_model}", "device": meta.get("gpu", ""),
               "torch_version": f"vllm {meta.get('vllm_version', '?')}", "dtype": meta.get("variant", ""),
               "model": name, **{k: shape[k] for k in SHAPE_KEYS}, "tensor_parallel_size": tp,
               "num_layers_timed": 1}
@@ -130,7 +130,9 @@ def step_rows(folder: Path, tp: int, model: str | None = None) -> tuple[list[dic
                          "prefill_context": int(kp[i]), "num_decode_seqs": int(nd[i]),
                          "decode_query_len": 1, "decode_context": int(kd[i]),
                          "num_sampled": int(sampled[i]), "step_s": f"{step_us[i] * 1e-6:.9g}"})
-    provenance = {"importer": "llmservingsim", "folder": str(folder), "hf_model": hf_model,
+    parts = folder.resolve().parts
+    shown = "/".join(parts[parts.index("profiles"):]) if "profiles" in parts else str(folder)
+    provenance = {"importer": "llmservingsim", "folder": shown, "hf_model": hf_model,
                   "gpu": meta.get("gpu", ""), "vllm_version": meta.get("vllm_version", ""),
                   "cuda_version": meta.get("cuda_version", ""), "profiled_at": meta.get("profiled_at", ""),
                   "composition": "L*(attention + dense ops + 2nd layernorm) + embedding + final "
