@@ -1,8 +1,9 @@
 """The ``kvsim`` command line.
 
 ``kvsim run scenario.toml [--out DIR]`` simulates a scenario and writes its results;
-``kvsim presets`` lists the shipped model and hardware presets; ``kvsim traces`` lists the known
-public traces and downloads one into the trace cache. Bad input prints one line,
+``kvsim calibrate`` fits a cost profile from a torch microbenchmark or imported GPU profiles;
+``kvsim presets`` lists the shipped model and hardware presets; ``kvsim traces`` lists the
+known public traces and downloads one into the trace cache. Bad input prints one line,
 ``kvsim: error: <where>: <what>``, and exits with status 2, leaving no result folder behind.
 """
 
@@ -162,6 +163,68 @@ def cmd_validate(args) -> int:
     return 0 if not bad else 1
 
 
+def _calibrate_model(name: str):
+    from kvsim.config import ModelCfg, _build, _section
+
+    if presets.load("models", name) is None:
+        known = presets.names("models")
+        raise ConfigError("--model", f"unknown model preset {name!r}; known: {', '.join(known)}")
+    return _build(ModelCfg, _section({"model": {"preset": name}}, "model", "--model"))
+
+
+def cmd_calibrate(args) -> int:
+    from kvsim.calibrate import fit
+
+    out = Path(args.out)
+    if out.suffix != ".json":
+        raise ConfigError("--out", f"the profile is a .json file, got {args.out!r}")
+    csv_path = Path(args.csv) if args.csv else out.with_suffix(".csv")
+    provenance: dict = {"command": "kvsim calibrate " + " ".join(sys.argv[2:])}
+    start = time.monotonic()
+    if args.from_ is not None:
+        from kvsim.calibrate import llmservingsim
+
+        kind, folder = args.from_
+        if kind != "llmservingsim":
+            raise ConfigError("--from", f"unknown source {kind!r}; known: llmservingsim")
+        rows, prov = llmservingsim.step_rows(Path(folder), args.tp, args.model)
+        provenance.update(prov)
+        fit.write_csv(rows, csv_path)
+    elif args.device is not None:
+        from kvsim.calibrate import bench
+
+        if args.device not in ("cpu", "cuda"):
+            raise ConfigError("--device", f"unknown device {args.device!r}; expected cpu or cuda")
+        if not args.model:
+            raise ConfigError("--model", "name the model preset to benchmark (kvsim presets)")
+        if args.tp != 1:
+            raise ConfigError("--tp", "the torch benchmark measures one GPU (tensor_parallel_size 1)")
+        model = _calibrate_model(args.model)
+        dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+        budget = args.budget_s if args.budget_s is not None else (420.0 if args.device == "cuda" else 75.0)
+        log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        rows = bench.run_sweep(model, args.model, args.device, dtype, budget,
+                               args.max_num_batched_tokens, args.layers, log=log)
+        provenance.update({"benchmark": "kvsim.calibrate.bench", "budget_s": budget})
+        fit.write_csv(rows, csv_path)
+    elif not args.csv:
+        raise ConfigError("calibrate", "give --device (benchmark), --from llmservingsim DIR "
+                          "(import) or --csv FILE (fit only)")
+    bench_s = time.monotonic() - start
+    profile = fit.build_profile(csv_path, provenance=provenance)
+    if args.model and profile["model"]["name"] != args.model:
+        raise ConfigError(str(csv_path), f"rows are for model {profile['model']['name']!r}, "
+                          f"not --model {args.model!r}")
+    fit.write_profile(profile, out)
+    total_s = time.monotonic() - start
+    print(f"{profile['model']['name']} on {profile['device']} ({profile['dtype']}, "
+          f"tp {profile['tensor_parallel_size']}): {sum(profile['num_points'].values())} points in "
+          f"{bench_s:.0f} s, fit in {total_s - bench_s:.1f} s")
+    print(fit.summary_line(profile))
+    print(f"profile {out}, rows {csv_path}")
+    return 0
+
+
 def cmd_presets(args) -> int:
     for kind in ("models", "hardware"):
         print(f"{kind}:")
@@ -230,6 +293,30 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--oracle-python", help="python of the oracle environment (default: "
                      "$KVSIM_ORACLE_HOME or ~/.cache/kvsim/oracle, /vllm-VERSION/bin/python)")
     val.set_defaults(func=cmd_validate)
+    cal = sub.add_parser("calibrate", help="benchmark a model shape (or import GPU profiles) and fit "
+                         "the step-time model into a cost profile")
+    cal.add_argument("--model", help="model preset (kvsim presets); for --from, default: the "
+                     "profile's own model")
+    cal.add_argument("--device", help="benchmark on cpu or cuda (needs torch: pip install "
+                     "'kvsim[calibrate]')")
+    cal.add_argument("--from", dest="from_", nargs=2, metavar=("SOURCE", "DIR"),
+                     help="import published profiles instead: llmservingsim DIR (a "
+                          "profiles/<hw>/<org>/<model>/<variant> folder)")
+    cal.add_argument("--csv", help="the step rows: written by the benchmark or import (default: "
+                     "next to --out), or fitted alone when neither --device nor --from is given")
+    cal.add_argument("--out", required=True, help="profile to write (.json)")
+    cal.add_argument("--budget-s", type=float, help="benchmark time budget, seconds (default "
+                     "75 on cpu, 420 on cuda)")
+    cal.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                     help="weights and KV (default bfloat16 on cuda, float32 on cpu)")
+    cal.add_argument("--tp", type=int, default=1, help="tensor parallel size of the imported "
+                     "profile (default 1)")
+    cal.add_argument("--layers", type=int, help="decoder layers run per timed step (default: all "
+                     "on cuda, 1 on cpu; the rest are scaled)")
+    cal.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                     help="largest step in the sweep, tokens (default 2048)")
+    cal.add_argument("-q", "--quiet", action="store_true", help="no per-point progress")
+    cal.set_defaults(func=cmd_calibrate)
     pre = sub.add_parser("presets", help="list the shipped model and hardware presets")
     pre.set_defaults(func=cmd_presets)
     tr = sub.add_parser("traces", help="list the known public traces, or download one to the cache")

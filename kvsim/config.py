@@ -224,7 +224,12 @@ WORKLOAD_KEYS = (
 )
 
 COST_KEYS = (
-    Key("model", "str", "roofline", "Step-time model: `roofline` (uncalibrated).", choices=("roofline",)),
+    Key("model", "str", None, "Step-time model: `roofline` (uncalibrated, from `[hardware]` numbers) "
+        "or `fitted` (a calibration profile, `kvsim calibrate`); default `fitted` when `profile` is "
+        "given, else `roofline`.", choices=("roofline", "fitted"), derived=True),
+    Key("profile", "str", None, "Cost profile written by `kvsim calibrate` (a JSON file, relative to "
+        "the scenario) or a shipped profile's name (`rtxpro6000-llama-3.1-8b-tp1`, ...); it must be "
+        "for the scenario's model shape and `tensor_parallel_size`."),
     Key("compute_efficiency", "float", 0.6, "Fraction of peak FLOP/s a step reaches.", low=0,
         low_open=True, high=1),
     Key("bandwidth_efficiency", "float", 0.8, "Fraction of peak bandwidth a step reaches.", low=0,
@@ -376,6 +381,7 @@ class CostCfg:
     compute_efficiency: float
     bandwidth_efficiency: float
     step_overhead_s: float
+    profile: str | None = None  # resolved path of the calibration profile (model = fitted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -734,6 +740,29 @@ def _speculative(raw: dict, file: str, engine: EngineCfg) -> SpecCfg:
     return _build(SpecCfg, s)
 
 
+def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: EngineCfg) -> CostCfg:
+    from kvsim.cost import fitted  # the profile reader (JSON); no numpy
+
+    c = _section(raw, "cost", file)
+    if c["model"] is None:
+        c["model"] = "fitted" if c["profile"] else "roofline"
+    where = f"{file}: cost.profile"
+    if c["model"] == "fitted":
+        if not c["profile"]:
+            raise ConfigError(f"{file}: cost.model", "'fitted' needs cost.profile (kvsim calibrate "
+                              "writes one)")
+        try:
+            path = fitted.resolve_profile(c["profile"], base)
+            profile = fitted.load_profile(path)
+        except ConfigError as exc:
+            raise ConfigError(where, exc.what if exc.where == "cost.profile" else str(exc)) from None
+        fitted.check_matches(profile, model, engine.tensor_parallel_size, where)
+        c["profile"] = str(path.resolve())
+    elif c["profile"]:
+        raise ConfigError(where, "is used only with cost.model = 'fitted'")
+    return _build(CostCfg, c)
+
+
 def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     """Validate a scenario table (as ``tomllib`` returns it). Raises ConfigError."""
     file = path.name if path else "scenario"
@@ -756,7 +785,7 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
         engine=engine,
         speculative=speculative,
         workload=workload,
-        cost=_build(CostCfg, _section(raw, "cost", file)),
+        cost=_cost(raw, file, path.parent if path else None, model, engine),
         run=_build(RunCfg, _section(raw, "run", file)),
     )
 
