@@ -208,10 +208,12 @@ class Scheduler:
             self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
         plan.scheduled = list(scheduled.values())
         k, is_async = self.spec.num_speculative_tokens, self.params.async_scheduling
+        in_flight = self.sem.has_num_in_flight_tokens
         for c in plan.scheduled:  # vLLM's _update_after_schedule
             req = c.req
             req.num_computed_tokens += c.num_new_tokens
-            req.num_in_flight_tokens += c.num_new_tokens
+            if in_flight:
+                req.num_in_flight_tokens += c.num_new_tokens
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
             c.samples = not req.is_prefill_chunk
             if is_async and c.samples:
@@ -351,8 +353,12 @@ class Scheduler:
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
         req.num_draft_tokens = 0
-        req.num_stale_output_tokens = req.num_in_flight_tokens
-        req.num_output_placeholders = 0
+        if self.sem.has_num_in_flight_tokens:
+            # Async: outputs in flight become stale; their placeholders go (0.32
+            # scheduler.py:1596-1606). Before 0.32 the placeholders stay and the late output is
+            # applied like any other (0.19 scheduler.py:956-976).
+            req.num_stale_output_tokens = req.num_in_flight_tokens
+            req.num_output_placeholders = 0
         req.num_preemptions += 1
         self.waiting.prepend(req)
 
@@ -375,9 +381,11 @@ class Scheduler:
         k = self.spec.num_speculative_tokens
         is_async = self.params.async_scheduling
         max_model_len = self.params.max_model_len
+        in_flight = self.sem.has_num_in_flight_tokens
         for c in plan.scheduled:
             req = c.req
-            req.num_in_flight_tokens -= c.num_new_tokens
+            if in_flight:
+                req.num_in_flight_tokens -= c.num_new_tokens
             stale = req.num_stale_output_tokens > 0
             if stale:
                 req.num_stale_output_tokens -= c.num_new_tokens
