@@ -262,7 +262,8 @@ class Scheduler:
                     victim = max(running, key=lambda r: (r.priority, r.arrival_s))
                     victim_idx = running.index(victim)
                     del running[victim_idx]
-                    if victim_idx < idx:
+                    if victim_idx < idx and (self.sem.priority_victim_before_index_reindexes
+                                             or victim.req_id in scheduled):
                         idx -= 1
                     if victim.req_id in scheduled:
                         restored = scheduled.pop(victim.req_id).num_new_tokens

@@ -39,6 +39,12 @@ class Semantics:
     # Priority policy: a running request that preempted itself lets the (higher-priority)
     # requests after it still be scheduled in that step (0.33); before, the pass ended.
     priority_self_preempt_continues: bool
+    # Priority policy: removing a victim that sits before the current running request moves
+    # the loop index back (0.32 scheduler.py:810-812); before, only a victim scheduled in this
+    # step did (0.19 scheduler.py:480-498, 0.22 :461-479), so removing one skipped in this
+    # step (async: its step in flight already reaches max_tokens) shifts the list and the
+    # request after the current one is passed over.
+    priority_victim_before_index_reindexes: bool
     # Prefix-cache stats are recorded when a waiting request is admitted (0.32+); before, at
     # every lookup, so a request held back by the admission gate is counted every step.
     prefix_stats_at_admission: bool
@@ -106,6 +112,7 @@ _V033 = Semantics(
     pad_new_decode_to_spec_width=True,
     hybrid=HybridRules(),
     priority_self_preempt_continues=True,
+    priority_victim_before_index_reindexes=True,
     prefix_stats_at_admission=True,
     cached_tokens_until_first_token=False,
     lookahead_on_admission=True,
@@ -133,6 +140,7 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                                    partial_tail_hashes=False),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
                 lookahead_on_admission=False, per_request_draft_slots=False,
+                priority_victim_before_index_reindexes=False,
                 has_prefill_lookahead=False, async_default_off_methods=("ngram", "draft_model"),
                 has_num_in_flight_tokens=False, has_max_in_flight_tokens=False,
                 batch_queue_fill_requires_execution=True)
