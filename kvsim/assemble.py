@@ -29,7 +29,9 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: SpecCfg, *
     setup = derive_spec(spec, sem, enable_caching, scheduler_block_size, num_nextn_predict_layers)
     pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
     if kv_groups:
-        in_flight = params.max_num_batched_tokens * (2 if params.async_scheduling else 1)
+        # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.
+        in_flight = params.max_num_batched_tokens * (
+            2 if params.async_scheduling and sem.has_max_in_flight_tokens else 1)
         kv = HybridKVCacheManager(pool, list(kv_groups), params.max_model_len, enable_caching,
                                   eagle_family=spec.eagle_family, eagle_drop=setup.eagle_drop,
                                   hash_lookahead=setup.hash_lookahead,

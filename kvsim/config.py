@@ -118,9 +118,9 @@ ENGINE_KEYS = (
     Key("scheduler_reserve_full_isl", "bool", True, "Admit a waiting request only if its whole "
         "prompt fits in free blocks."),
     Key("async_scheduling", "bool", None, "Asynchronous scheduling: the next step is scheduled "
-        "while this one runs. Default: on, as in vLLM, for releases whose async scheduler kvsim "
-        "reproduces (0.32.0, 0.33.0; 0.32 turns it off for ngram); off (synchronous) for the "
-        "others.", derived=True),
+        "while this one runs. Default: on, as in vLLM, except where vLLM's default turns it off: "
+        "ngram drafting before 0.33 and draft_model drafting in 0.19/0.22 (`true` with ngram is "
+        "refused before 0.33, as vLLM does).", derived=True),
     Key("kv_groups", "groups", None, "Hybrid layout: a list of `[[engine.kv_groups]]` tables (keys "
         "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool."),
 )
@@ -563,9 +563,10 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     e = _section(raw, "engine", file)
     where = f"{file}: engine"
     sem = semantics_for(e["vllm_version"])
-    ngram = (raw.get("speculative") or {}).get("method") == "ngram"
+    method = (raw.get("speculative") or {}).get("method", "none")
+    ngram = method == "ngram"
     if e["async_scheduling"] is None:
-        e["async_scheduling"] = sem.async_modelled and (sem.async_allows_ngram or not ngram)
+        e["async_scheduling"] = sem.async_modelled and method not in sem.async_default_off_methods
     elif e["async_scheduling"] and ngram and not sem.async_allows_ngram:
         raise ConfigError(f"{where}.async_scheduling", f"vLLM {sem.version} refuses ngram "
                           "drafting with asynchronous scheduling")
@@ -638,7 +639,8 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
         e["num_gpu_blocks"] = int(avail // block_bytes)
     usable = e["num_gpu_blocks"] - 1
     if groups:
-        in_flight = mnbt * (2 if e["async_scheduling"] else 1)  # vLLM's max_in_flight_tokens
+        # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.
+        in_flight = mnbt * (2 if e["async_scheduling"] and sem.has_max_in_flight_tokens else 1)
         needed = sum(g.max_blocks_per_request(mml, in_flight) for g in groups)
     else:
         needed = -(-mml // e["block_size"])

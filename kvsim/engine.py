@@ -98,7 +98,9 @@ def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
     reqs, limits = rec.requests, sc.run
     # vLLM's EngineCore: synchronous scheduling runs schedule -> execute -> update; with
     # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
-    # executes (its outputs are applied after), and the queue always fills first.
+    # executes (its outputs are applied after), and the queue fills first (0.19/0.22 only
+    # after a batch that executed; their engine decides by whether the oldest batch is done,
+    # which kvsim, like its oracle driver, takes as never: the device is busy).
     queue_size = 2 if sched.params.async_scheduling else 1
     queue: deque = deque()  # (plan, step index or None), newest first
     nxt = step = num_finished = 0
@@ -129,7 +131,8 @@ def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
                     if c.req.first_scheduled_step is None:
                         c.req.first_scheduled_step = index
             queue.appendleft((plan, index))
-            if len(queue) < queue_size and (executed or sched.num_unfinished):
+            if len(queue) < queue_size and (executed or (
+                    sched.num_unfinished and not sched.sem.batch_queue_fill_requires_execution)):
                 continue
         elif not queue:
             if nxt == len(reqs):

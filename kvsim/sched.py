@@ -209,10 +209,12 @@ class Scheduler:
             self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
         plan.scheduled = list(scheduled.values())
         k, is_async = self.spec.num_speculative_tokens, self.params.async_scheduling
+        in_flight = self.sem.has_num_in_flight_tokens
         for c in plan.scheduled:  # vLLM's _update_after_schedule
             req = c.req
             req.num_computed_tokens += c.num_new_tokens
-            req.num_in_flight_tokens += c.num_new_tokens
+            if in_flight:
+                req.num_in_flight_tokens += c.num_new_tokens
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
             c.samples = not req.is_prefill_chunk
             if is_async and c.samples:
@@ -299,7 +301,8 @@ class Scheduler:
                     victim = max(running, key=lambda r: (r.priority, r.arrival_s))
                     victim_idx = running.index(victim)
                     del running[victim_idx]
-                    if victim_idx < idx:
+                    if victim_idx < idx and (self.sem.priority_victim_before_index_reindexes
+                                             or victim.req_id in scheduled):
                         idx -= 1
                     if victim.req_id in scheduled:
                         restored = scheduled.pop(victim.req_id).num_new_tokens
@@ -396,8 +399,12 @@ class Scheduler:
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
         req.num_draft_tokens = 0
-        req.num_stale_output_tokens = req.num_in_flight_tokens
-        req.num_output_placeholders = 0
+        if self.sem.has_num_in_flight_tokens:
+            # Async: outputs in flight become stale; their placeholders go (0.32
+            # scheduler.py:1596-1606). Before 0.32 the placeholders stay and the late output is
+            # applied like any other (0.19 scheduler.py:956-976).
+            req.num_stale_output_tokens = req.num_in_flight_tokens
+            req.num_output_placeholders = 0
         req.num_preemptions += 1
         self.waiting.prepend(req)
 
@@ -420,9 +427,11 @@ class Scheduler:
         k = self.spec.num_speculative_tokens
         is_async = self.params.async_scheduling
         max_model_len = self.params.max_model_len
+        in_flight = self.sem.has_num_in_flight_tokens
         for c in plan.scheduled:
             req = c.req
-            req.num_in_flight_tokens -= c.num_new_tokens
+            if in_flight:
+                req.num_in_flight_tokens -= c.num_new_tokens
             stale = req.num_stale_output_tokens > 0
             if stale:
                 req.num_stale_output_tokens -= c.num_new_tokens

@@ -39,6 +39,12 @@ class Semantics:
     # Priority policy: a running request that preempted itself lets the (higher-priority)
     # requests after it still be scheduled in that step (0.33); before, the pass ended.
     priority_self_preempt_continues: bool
+    # Priority policy: removing a victim that sits before the current running request moves
+    # the loop index back (0.32 scheduler.py:810-812); before, only a victim scheduled in this
+    # step did (0.19 scheduler.py:480-498, 0.22 :461-479), so removing one skipped in this
+    # step (async: its step in flight already reaches max_tokens) shifts the list and the
+    # request after the current one is passed over.
+    priority_victim_before_index_reindexes: bool
     # Prefix-cache stats are recorded when a waiting request is admitted (0.32+); before, at
     # every lookup, so a request held back by the admission gate is counted every step.
     prefix_stats_at_admission: bool
@@ -63,6 +69,11 @@ class Semantics:
     # kvsim reproduces this release's asynchronous scheduler (AsyncScheduler + the batch
     # queue), which vLLM turns on by default; it is then kvsim's default too.
     async_modelled: bool
+    # Spec methods for which VllmConfig's default (async_scheduling None) turns asynchronous
+    # scheduling off: 0.19/0.22 allow only EAGLE/MTP types (ngram, draft_model off;
+    # 0.19 config/vllm.py:755-767, 0.22 :935-957), 0.32 also draft_model (:1585-1610), 0.33
+    # any method with its V2 model runner.
+    async_default_off_methods: tuple[str, ...]
     # After an async output: 0.33 counts placeholders down by the untrimmed token count and
     # publishes up to computed - in-flight tokens; 0.32's AsyncScheduler counts down by the
     # tokens kept and publishes up to computed - placeholders.
@@ -70,6 +81,24 @@ class Semantics:
     # vLLM accepts ngram drafting with asynchronous scheduling (0.33); before, it refuses it
     # and its default turns asynchronous scheduling off for ngram.
     async_allows_ngram: bool
+    # vLLM tracks Request.num_in_flight_tokens (0.32+): windows are freed only behind the
+    # processed tokens (remove_skipped_blocks gets computed - in flight), and preempting a
+    # request with outputs in flight zeroes its placeholders and marks those outputs stale
+    # (delivered, but changing no counter; the request waits for them before re-admission).
+    # Before, remove_skipped_blocks got all computed tokens (0.22 kv_cache_manager.py:373-375)
+    # and _preempt_request kept num_output_placeholders, so a late output is applied like any
+    # other (0.19 scheduler.py:956-976, 0.22 :929-949).
+    has_num_in_flight_tokens: bool
+    # VllmConfig.max_in_flight_tokens (max_concurrent_batches × max_num_batched_tokens, 0.32+)
+    # bounds a sliding window's blocks in the admission cap and the start-up pool check;
+    # before, max_num_batched_tokens did (0.22 v1/kv_cache_interface.py:463-492).
+    has_max_in_flight_tokens: bool
+    # EngineCore.step_with_batch_queue schedules the next batch before processing the oldest
+    # only when this one executed (0.19 engine/core.py:477-483, 0.22 :525-531: "model_executed
+    # and ... not batch_queue[-1][0].done()"; kvsim, like the oracle driver, takes the oldest
+    # batch as still running, the GPU-busy order); 0.32+ also when nothing executed but the
+    # scheduler has requests (0.32 :753-758).
+    batch_queue_fill_requires_execution: bool
 
 
 _V033 = Semantics(
@@ -83,6 +112,7 @@ _V033 = Semantics(
     pad_new_decode_to_spec_width=True,
     hybrid=HybridRules(),
     priority_self_preempt_continues=True,
+    priority_victim_before_index_reindexes=True,
     prefix_stats_at_admission=True,
     cached_tokens_until_first_token=False,
     lookahead_on_admission=True,
@@ -91,14 +121,19 @@ _V033 = Semantics(
     has_prefill_lookahead=True,
     skip_zero_chunk_admission=True,
     async_modelled=True,
+    async_default_off_methods=(),
     async_publish_after_placeholders=False,
     async_allows_ngram=True,
+    has_num_in_flight_tokens=True,
+    has_max_in_flight_tokens=True,
+    batch_queue_fill_requires_execution=False,
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 hybrid=replace(_V033.hybrid, mamba_tail_rekey="always"),
                 has_disable_lookahead_block_hashes=False, priority_self_preempt_continues=False,
                 cache_after_verify=False, skip_zero_chunk_admission=False,
-                async_publish_after_placeholders=True, async_allows_ngram=False)
+                async_default_off_methods=("ngram",), async_publish_after_placeholders=True,
+                async_allows_ngram=False)
 _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width=False,
@@ -109,7 +144,10 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                                    mamba_eagle_margin=True),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
                 lookahead_on_admission=False, per_request_draft_slots=False,
-                has_prefill_lookahead=False, async_modelled=False)
+                priority_victim_before_index_reindexes=False,
+                has_prefill_lookahead=False, async_default_off_methods=("ngram", "draft_model"),
+                has_num_in_flight_tokens=False, has_max_in_flight_tokens=False,
+                batch_queue_fill_requires_execution=True)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,

@@ -31,12 +31,20 @@ def test_defaults_are_vllm_033_serve_defaults():
         "0.33.0", 16, True, True)
     assert (e.scheduling_policy, e.scheduler_reserve_full_isl, e.gpu_memory_utilization) == (
         "fcfs", True, 0.92)
-    # vLLM schedules asynchronously by default; kvsim follows where it reproduces it (0.33).
+    # vLLM schedules asynchronously by default, and so does kvsim, in every release; vLLM's
+    # default turns it off for ngram before 0.33 and for draft_model in 0.19/0.22.
     assert e.async_scheduling is True
-    assert scenario(engine={"vllm_version": "0.22.1"}).engine.async_scheduling is False
-    assert scenario(engine={"vllm_version": "0.32.0"}).engine.async_scheduling is True
+    for version in ("0.19.0", "0.22.0", "0.22.1", "0.32.0"):
+        assert scenario(engine={"vllm_version": version}).engine.async_scheduling is True
     ngram = {"method": "ngram", "num_speculative_tokens": 2}
-    assert scenario(engine={"vllm_version": "0.32.0"}, speculative=ngram).engine.async_scheduling is False
+    draft = {"method": "draft_model", "num_speculative_tokens": 2}
+    eagle = {"method": "eagle", "num_speculative_tokens": 2}
+    off = {("0.19.0", "ngram"), ("0.22.1", "ngram"), ("0.32.0", "ngram"),
+           ("0.19.0", "draft_model"), ("0.22.1", "draft_model")}
+    for v in ("0.19.0", "0.22.1", "0.32.0", "0.33.0"):
+        for s in (ngram, draft, eagle):
+            on = scenario(engine={"vllm_version": v}, speculative=s).engine.async_scheduling
+            assert on is ((v, s["method"]) not in off), (v, s["method"])
     # H100 (79 GiB, not an A100): `vllm serve` defaults.
     assert (e.max_num_batched_tokens, e.max_num_seqs) == (8192, 1024)
     assert e.max_model_len == 131072  # the model's context length
@@ -74,8 +82,9 @@ def test_preset_keys_can_be_overridden():
     ({"engine": {"num_gpu_blocks": 100}}, "engine.max_model_len", "needs 8192 blocks"),
     ({"engine": {"max_num_batched_tokens": 16, "max_num_seqs": 32}}, "engine.max_num_batched_tokens",
      "at least max_num_seqs"),
-    ({"engine": {"async_scheduling": True, "vllm_version": "0.22.1"}}, "engine.async_scheduling",
-     "not modelled"),
+    ({"engine": {"async_scheduling": True, "vllm_version": "0.22.1"},
+      "speculative": {"method": "ngram", "num_speculative_tokens": 2}}, "engine.async_scheduling",
+     "refuses ngram"),
     ({"model": {"preset": "llama-3.1-9b"}}, "model.preset", "did you mean 'llama-3.1-8b'"),
     ({"workload": {"kind": "trace"}}, "workload.path", "missing"),
     ({"workload": {"kind": "trace", "path": "/nonexistent.jsonl"}}, "workload.path", "no such file"),

@@ -4,7 +4,8 @@ tests/fixtures/vllm-<release>[-spec][-hybrid].json.gz hold fuzzed scenarios (kvs
 together with what that vLLM release's real v1 Scheduler did with them, run on CPU with fake
 model outputs by kvsim/oracle/vllm_driver.py (regenerate with tests/fixtures_make.py); "-spec"
 files add speculative decoding (drafts accepted per a recorded list), "-hybrid" files several
-KV-cache groups. kvsim must reproduce
+KV-cache groups, "-async" files asynchronous scheduling (the batch queue of two);
+"-regressions" files hold the cases named in REGRESSIONS below. kvsim must reproduce
 every recorded field: each step's scheduled tokens in order, preemptions, the block tables'
 fingerprint, free blocks and prefix-cache stats; each request's cached tokens, preemptions and
 first/last steps; and the final free-queue order.
@@ -60,6 +61,15 @@ REGRESSIONS = {
     ("vllm-0.32.0-regressions", 100163): "same, on 0.32",
     ("vllm-0.32.0-spec", 2009): "0.32's priority policy ends the running pass when a request preempts "
                         "itself (0.33 continues)",
+    ("vllm-0.22.1-regressions", 500001): "async before 0.32: a sliding window is freed behind all "
+                                         "computed tokens (no num_in_flight_tokens)",
+    ("vllm-0.19.0-regressions", 500001): "same, on 0.19",
+    ("vllm-0.22.1-regressions", 500023): "async on 0.22: the sliding-window admission cap counts "
+                                         "max_num_batched_tokens (no max_in_flight_tokens)",
+    ("vllm-0.22.1-regressions", 600839): "0.22's priority preemption of a running request skipped "
+                                         "this step (async) passes over the request after the "
+                                         "current one (index moved back only for scheduled victims)",
+    ("vllm-0.19.0-regressions", 600839): "same, on 0.19",
 }
 
 

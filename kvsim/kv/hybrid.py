@@ -443,7 +443,8 @@ class HybridKVCacheManager:
         main = total + num_new_tokens
         need = min(main + num_lookahead_tokens, self.max_model_len)
         # Even if the allocation then fails; on the processed-token basis (in-flight steps
-        # still read their window).
+        # still read their window; 0.32 kv_cache_manager.py:552-559). Before 0.32 all computed
+        # tokens count (0.22 :373-375): the scheduler keeps num_in_flight_tokens at 0 there.
         self.remove_skipped_blocks(req.req_id, max(0, total - req.num_in_flight_tokens))
         num_blocks = self.num_blocks_to_allocate(req.req_id, need, hit, local, main_tokens=main)
         if num_blocks > self.pool.num_free_blocks:

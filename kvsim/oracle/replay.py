@@ -92,7 +92,8 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         pending = [i for i in pending if join[i] > limit]
 
     # vLLM's EngineCore: with asynchronous scheduling a batch queue of two, so step N + 1 is
-    # scheduled before step N's outputs are applied (0.32+: the queue always fills first).
+    # scheduled before step N's outputs are applied (0.32+: the queue always fills first;
+    # 0.19/0.22: after a batch that executed, the oldest batch taken as still running).
     queue_size = 2 if sched.params.async_scheduling else 1
     queue: deque = deque()
     planned: dict[str, int] = {}  # verify steps per request, counted at schedule time
@@ -115,7 +116,8 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
                 steps.append(rec)
                 step += 1
             queue.appendleft((plan, rec))
-            if len(queue) < queue_size and (executed or sched.num_unfinished):
+            if len(queue) < queue_size and (executed or (
+                    sched.num_unfinished and not sched.sem.batch_queue_fill_requires_execution)):
                 continue
         elif not queue:
             break
