@@ -1,14 +1,15 @@
 """kvsim against vLLM's own Scheduler, recorded.
 
-tests/fixtures/vllm-<release>[-spec][-hybrid].json.gz hold fuzzed scenarios (kvsim.oracle.fuzz)
-together with what that vLLM release's real v1 Scheduler did with them, run on CPU with fake
-model outputs by kvsim/oracle/vllm_driver.py (regenerate with tests/fixtures_make.py); "-spec"
-files add speculative decoding (drafts accepted per a recorded list), "-hybrid" files several
-KV-cache groups, "-async" files asynchronous scheduling (the batch queue of two);
-"-regressions" files hold the cases named in REGRESSIONS below. kvsim must reproduce
-every recorded field: each step's scheduled tokens in order, preemptions, the block tables'
-fingerprint, free blocks and prefix-cache stats; each request's cached tokens, preemptions and
-first/last steps; and the final free-queue order.
+tests/fixtures/vllm-<release>[-spec][-hybrid|-mamba][-async].json.gz hold fuzzed scenarios
+(kvsim.oracle.fuzz) together with what that vLLM release's real v1 Scheduler did with them,
+run on CPU with fake model outputs by kvsim/oracle/vllm_driver.py (regenerate with
+tests/fixtures_make.py); "-spec" files add speculative decoding (drafts accepted per a
+recorded list), "-hybrid" files several KV-cache groups, "-mamba" layouts with a Mamba group,
+"-async" asynchronous scheduling (the batch queue of two); "-regressions" files hold the cases
+named in REGRESSIONS below. kvsim must reproduce every recorded field: each step's
+scheduled tokens in order, preemptions, the block tables' fingerprint, free blocks and
+prefix-cache stats; each request's cached tokens, preemptions and first/last steps; and the
+final free-queue order.
 """
 
 import gzip
@@ -70,6 +71,11 @@ REGRESSIONS = {
                                          "this step (async) passes over the request after the "
                                          "current one (index moved back only for scheduled victims)",
     ("vllm-0.19.0-regressions", 600839): "same, on 0.19",
+    ("vllm-0.22.1-spec-mamba", 4): "0.19/0.22 only round the candidate to full attention's block on "
+                                   "later passes: an EAGLE Mamba group looked up one block further "
+                                   "raises the hit above full attention's own",
+    ("vllm-0.32.0-spec-mamba", 5): "0.32 re-keys the prompt's checkpoint state on every cache call, "
+                                   "deferring a same-step sibling that hits it (0.33 skips keyed blocks)",
 }
 
 
