@@ -74,10 +74,9 @@ def _parse_line(obj, where: str, index: int) -> RequestSpec:
                        accepted=tuple(accepted) if accepted else None)
 
 
-def read_kvsim_jsonl(path: Path) -> list[RequestSpec]:
-    """Read a kvsim JSONL trace. Raises ConfigError naming the file and line."""
-    specs: list[RequestSpec] = []
-    seen: dict[str, int] = {}
+def json_lines(path: Path):
+    """Yield ``(where, object)`` for each non-blank line of a JSONL file, ``where`` being
+    ``file:line``. Raises ConfigError naming the file (and line) on unreadable input."""
     try:
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
@@ -88,15 +87,23 @@ def read_kvsim_jsonl(path: Path) -> list[RequestSpec]:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ConfigError(where, f"not valid JSON: {exc.msg}") from None
-                spec = _parse_line(obj, where, len(specs))
-                if spec.req_id in seen:
-                    raise ConfigError(where, f"req_id {spec.req_id!r} repeats line {seen[spec.req_id]}")
-                seen[spec.req_id] = lineno
-                specs.append(spec)
+                yield where, obj
     except OSError as exc:
         raise ConfigError(str(path), exc.strerror or str(exc)) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(str(path), f"not UTF-8 text: {exc.reason}") from None
+
+
+def read_kvsim_jsonl(path: Path) -> list[RequestSpec]:
+    """Read a kvsim JSONL trace. Raises ConfigError naming the file and line."""
+    specs: list[RequestSpec] = []
+    seen: dict[str, str] = {}
+    for where, obj in json_lines(path):
+        spec = _parse_line(obj, where, len(specs))
+        if spec.req_id in seen:
+            raise ConfigError(where, f"req_id {spec.req_id!r} repeats line {seen[spec.req_id]}")
+        seen[spec.req_id] = where.rsplit(":", 1)[1]
+        specs.append(spec)
     if not specs:
         raise ConfigError(str(path), "the trace holds no requests")
     return specs

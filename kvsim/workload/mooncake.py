@@ -19,11 +19,11 @@ multiple of ``block_size``, never more.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from kvsim.errors import ConfigError
 from kvsim.request import RequestSpec, SegmentTokens
+from kvsim.workload.jsonl import json_lines
 
 HASH_BLOCK = 512  # tokens per Mooncake hash id
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -75,21 +75,8 @@ def read_mooncake(path: Path) -> list[RequestSpec]:
     four above are ignored.
     """
     specs: list[RequestSpec] = []
-    loads = json.loads
-    try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{path}:{lineno}", f"not valid JSON: {exc.msg}") from None
-                specs.append(_parse(obj, f"{path}:{lineno}", len(specs)))
-    except OSError as exc:
-        raise ConfigError(str(path), exc.strerror or str(exc)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"not UTF-8 text: {exc.reason}") from None
+    for where, obj in json_lines(path):
+        specs.append(_parse(obj, where, len(specs)))
     if not specs:
         raise ConfigError(str(path), "the trace holds no requests")
     return specs
