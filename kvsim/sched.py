@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvsim.kv.hybrid import mamba_checkpoint_position
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, Status
 from kvsim.semantics import Semantics
@@ -250,10 +251,7 @@ class Scheduler:
                 return n // b * b
             return last - start if start < last < end else n
         # 0.32+: get_mamba_prefill_checkpoint_position, then the mandatory stops.
-        if kv.eagle_drop:
-            last = max(req.num_tokens // b * b - b, 0)
-        else:
-            last = max((req.num_tokens - max(1, kv.hash_lookahead)) // b * b, 0)
+        last = mamba_checkpoint_position(req.num_tokens, b, kv.eagle_drop, kv.hash_lookahead)
         if end < prefill_end:
             max_prefill = self.token_budget
             if self.params.long_prefill_token_threshold > 0:

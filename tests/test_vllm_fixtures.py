@@ -76,6 +76,9 @@ REGRESSIONS = {
                                    "raises the hit above full attention's own",
     ("vllm-0.32.0-spec-mamba", 5): "0.32 re-keys the prompt's checkpoint state on every cache call, "
                                    "deferring a same-step sibling that hits it (0.33 skips keyed blocks)",
+    ("vllm-0.32.0-regressions", 1020408): "under the EAGLE drop the prompt's Mamba checkpoint is one "
+                                          "block earlier (Mamba follows the attention replay boundary)",
+    ("vllm-0.32.0-regressions", 1020417): "same, async",
 }
 
 

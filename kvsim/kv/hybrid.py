@@ -36,6 +36,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def mamba_checkpoint_position(num_tokens: int, block_size: int, eagle_drop: bool,
+                              hash_lookahead: int) -> int:
+    """vLLM's get_mamba_prefill_checkpoint_position (0.32+): the last block boundary whose state
+    a later request can reuse. Leave tokens for the logits and the boundary's hash; under the
+    EAGLE drop, one block earlier (Mamba checkpoints follow the attention replay boundary)."""
+    if eagle_drop:
+        return max(num_tokens // block_size * block_size - block_size, 0)
+    return max((num_tokens - max(1, hash_lookahead)) // block_size * block_size, 0)
+
+
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
     """One KV-cache group: ``kind`` is ``full_attention``, ``sliding_window`` or ``mamba``."""
@@ -560,7 +570,8 @@ class HybridKVCacheManager:
         H = self.hash_block_size
         if num_tokens <= 0 or num_tokens % H:
             return
-        latest = max((req.num_prompt_tokens - max(1, self.hash_lookahead)) // H * H, 0)
+        latest = mamba_checkpoint_position(req.num_prompt_tokens, H, self.eagle_drop,
+                                           self.hash_lookahead)
         if num_tokens != latest or num_tokens // H > len(req.block_hashes):
             return
         table = g.tables.get(req.req_id, ())
