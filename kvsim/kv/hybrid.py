@@ -399,14 +399,28 @@ class HybridKVCacheManager:
         return sum(self._blocks_to_allocate(g, req_id, num_tokens, hit.get(g.gid, []),
                                             total_computed, admission_cap, main) for g in self.groups)
 
+    def _free_range(self, table: list[Block], first: int, last: int, past_nulls: bool) -> None:
+        """Free ``table[first:last]`` newest first, leaving null blocks; stop at the first null
+        block (everything before it was freed earlier) unless ``past_nulls``."""
+        null, freed = self.pool.null_block, []
+        for i in range(last - 1, first - 1, -1):
+            if table[i] is null:
+                if past_nulls:
+                    continue
+                break
+            freed.append(table[i])
+            table[i] = null
+        if freed:
+            self.pool.free_blocks(freed)
+
     def remove_skipped_blocks(self, req_id: str, num_computed: int) -> None:
         """Free what each group no longer reads (newest first), leaving null blocks: blocks
         that slid out of a window, and Mamba states older than the last one."""
-        null = self.pool.null_block
         for g in self.groups:
             table = g.tables.get(req_id)
             if table is None:
                 continue
+            mamba_align = g.spec.kind == "mamba" and self.mamba_align
             computed = num_computed
             if g.spec.kind == "mamba" and not self.rules.mamba_retire:
                 # 0.19/0.22: pretend every draft of the last step gets rejected (async).
@@ -414,30 +428,20 @@ class HybridKVCacheManager:
             skipped = g.num_skipped_tokens(computed)
             if skipped > 0:
                 last = min(skipped // g.block_size, len(table))
-                if g.spec.kind == "mamba" and self.mamba_align and self.rules.mamba_retire:
+                if mamba_align and self.rules.mamba_retire:
+                    # 0.32+: past the null gaps prefill left between states, from where the
+                    # last call stopped.
                     first = g.num_retired.get(req_id, 0)
-                    if first < last:  # skip the null gaps prefill left between states
-                        freed = [table[i] for i in range(last - 1, first - 1, -1) if table[i] is not null]
-                        for i in range(first, last):
-                            table[i] = null
-                        if freed:
-                            self.pool.free_blocks(freed)
+                    if first < last:
+                        self._free_range(table, first, last, past_nulls=True)
                         g.num_retired[req_id] = last
                 else:
-                    freed = []
-                    for i in range(last - 1, -1, -1):
-                        if table[i] is null:
-                            break
-                        freed.append(table[i])
-                        table[i] = null
-                    if freed:
-                        self.pool.free_blocks(freed)
-            if g.spec.kind == "mamba" and self.mamba_align:
+                    self._free_range(table, 0, last, past_nulls=False)
+            if mamba_align:
                 # The state of two steps ago was copied forward last step: free it.
                 idx = g.last_state_idx.get(req_id)
-                if idx is not None and idx < cdiv(computed, g.block_size) - 1 and table[idx] is not null:
-                    self.pool.free_blocks([table[idx]])
-                    table[idx] = null
+                if idx is not None and idx < cdiv(computed, g.block_size) - 1:
+                    self._free_range(table, idx, idx + 1, past_nulls=True)
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: dict | None = None, num_lookahead_tokens: int = 0,
@@ -618,15 +622,14 @@ class HybridKVCacheManager:
     # -- freeing and checks --------------------------------------------------------------
 
     def free(self, req: Request) -> None:
-        """Each group frees its table tail first (null head trimmed), group by group."""
-        null = self.pool.null_block
+        """Each group frees its table tail first, group by group (null blocks stay out)."""
         for g in self.groups:
             table = g.tables.pop(req.req_id, [])
             g.num_cached.pop(req.req_id, None)
             g.allocated.discard(req.req_id)
             g.last_state_idx.pop(req.req_id, None)
             g.num_retired.pop(req.req_id, None)
-            self.pool.free_blocks(reversed([blk for blk in table if blk is not null]))
+            self.pool.free_blocks(reversed(table))  # null blocks are skipped there
 
     def block_ids(self, req_id: str) -> list[list[int]]:
         return [[blk.block_id for blk in g.tables.get(req_id, ())] for g in self.groups]
