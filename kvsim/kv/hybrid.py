@@ -94,8 +94,10 @@ class HybridRules:
     # end at the prompt's last full block, a block earlier under EAGLE) or ``"checkpoint"``
     # (0.32+: end-aligned chunks that also stop at the checkpoint position and at the
     # shared-prefix junction a lookup reported). ``mamba_retire``: 0.32+ free old states past
-    # null gaps and remember how far they got; 0.19/0.22 stop at the first null block and
-    # first step the computed count back by num_speculative_blocks tokens.
+    # null gaps and remember how far they got, and take at most the 1 (+ speculative) state
+    # blocks a step needs (min with what is missing); 0.19/0.22 stop at the first null block,
+    # first step the computed count back by num_speculative_blocks tokens, and always count
+    # that cap (the 0.32 MambaManager rewrite changed all three together).
     # ``mamba_eagle_margin``: an EAGLE-flagged Mamba group is looked up one block past the
     # candidate (0.19/0.22; its finder never drops, so the hit can grow back).
     # On later passes the (downward-closed) full-attention group caps the candidate at its
