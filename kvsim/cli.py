@@ -140,7 +140,8 @@ def cmd_compare(args) -> int:
         for fname, text in compare.variant_files(sc, rec, summary).items():
             files[f"{compare.slug(name)}/{fname}"] = text
     files["summary.json"] = summary_json({"variants": rows, "verdict": lines})
-    _write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp / "compare.png"))
+    cost_labels = [rec.cost_label for _, _, rec, _ in results]
+    _write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp / "compare.png", cost_labels))
     if not args.quiet:
         print(compare.table(rows))
         for line in lines:
@@ -161,15 +162,6 @@ def cmd_validate(args) -> int:
     bad = sum(total - ok for _, ok, total, _ in rows)
     print("agreement: exact" if not bad else f"agreement: {bad} mismatching values")
     return 0 if not bad else 1
-
-
-def _calibrate_model(name: str):
-    from kvsim.config import ModelCfg, _build, _section
-
-    if presets.load("models", name) is None:
-        known = presets.names("models")
-        raise ConfigError("--model", f"unknown model preset {name!r}; known: {', '.join(known)}")
-    return _build(ModelCfg, _section({"model": {"preset": name}}, "model", "--model"))
 
 
 def cmd_calibrate(args) -> int:
@@ -199,7 +191,12 @@ def cmd_calibrate(args) -> int:
             raise ConfigError("--model", "name the model preset to benchmark (kvsim presets)")
         if args.tp != 1:
             raise ConfigError("--tp", "the torch benchmark measures one GPU (tensor_parallel_size 1)")
-        model = _calibrate_model(args.model)
+        from kvsim.config import model_preset
+
+        model = model_preset(args.model)
+        if model.num_experts:
+            raise ConfigError("--model", f"{args.model!r} is an MoE model; the torch benchmark times "
+                              "dense MLPs (import MoE layer profiles with --from llmservingsim DIR)")
         dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
         budget = args.budget_s if args.budget_s is not None else (420.0 if args.device == "cuda" else 75.0)
         log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))

@@ -137,7 +137,7 @@ def csv_text(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def plot(rows: list[dict], png: Path) -> None:
+def plot(rows: list[dict], png: Path, cost_labels: list[str]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -157,7 +157,9 @@ def plot(rows: list[dict], png: Path) -> None:
                       rotation=20, ha="right", fontsize=8)
         if len(keys) > 1:
             ax.legend(fontsize=8)
-    fig.suptitle("kvsim compare (cost model uncalibrated)")
+    labels = sorted(set(cost_labels))
+    fig.suptitle("kvsim compare · cost model: " + (labels[0] if len(labels) == 1 else
+                                                    "per variant (" + "; ".join(labels) + ")"))
     fig.savefig(png, dpi=110)
     fig.savefig(png.with_suffix(".svg"))
     plt.close(fig)

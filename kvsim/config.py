@@ -65,6 +65,9 @@ MODEL_KEYS = (
     Key("max_position_embeddings", "int", REQUIRED, "Context length; the default `max_model_len`.", low=1),
     Key("num_active_params", "int", None, "Parameters active per token (MoE); default `num_params`.",
         low=1),
+    Key("num_experts", "int", 0, "Routed experts per MoE layer (HF `num_experts`, `n_routed_experts` "
+        "or `num_local_experts`); 0: a dense model.", low=0),
+    Key("num_experts_per_tok", "int", 0, "Routed experts each token activates (MoE top-k).", low=0),
     Key("attention_type", "str", "gqa", "`gqa` (K and V per KV head) or `mla` (one latent of "
         "`kv_lora_rank + qk_rope_head_dim` per token and layer, replicated across TP ranks).",
         choices=("gqa", "mla")),
@@ -266,6 +269,8 @@ class ModelCfg:
     dtype: str
     max_position_embeddings: int
     num_active_params: int | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
     attention_type: str = "gqa"
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -529,6 +534,14 @@ def _build(cls, values: dict[str, Any]):
     return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
 
+def model_preset(name: str, where: str = "--model") -> ModelCfg:
+    """The model of shipped preset ``name``. Raises ConfigError naming ``where``."""
+    if presets.load("models", name) is None:
+        known = presets.names("models")
+        raise ConfigError(where, f"unknown model preset {name!r}; known: {', '.join(known)}")
+    return _build(ModelCfg, _section({"model": {"preset": name}}, "model", where))
+
+
 def kv_bytes_per_token(model: ModelCfg, engine_kv_dtype: str, tp: int) -> int:
     """Bytes of K and V per token across all layers, on one GPU of the replica."""
     if engine_kv_dtype != "auto":
@@ -772,6 +785,9 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
         if section not in SCHEMA:
             raise ConfigError(f"{file}: [{section}]", f"unknown section{_suggest(section, list(SCHEMA))}")
     model = _build(ModelCfg, _section(raw, "model", file))
+    if model.num_experts and not 1 <= model.num_experts_per_tok <= model.num_experts:
+        raise ConfigError(f"{file}: model.num_experts_per_tok", f"must be between 1 and num_experts "
+                          f"({model.num_experts}) for an MoE model, got {model.num_experts_per_tok}")
     hardware = _build(HardwareCfg, _section(raw, "hardware", file))
     engine = _engine(raw, file, model, hardware)
     speculative = _speculative(raw, file, engine)

@@ -45,7 +45,8 @@ class Point:
 
     @property
     def num_sampled(self) -> int:
-        return self.nd + (1 if self.p else 0)
+        """Rows through the LM head: the chunk's last token, every verified decode position."""
+        return self.nd * self.q + (1 if self.p else 0)
 
     @property
     def num_slots(self) -> int:

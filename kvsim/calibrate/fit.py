@@ -71,49 +71,69 @@ def _is_number(v) -> bool:
     return True
 
 
-def feature_matrix(col: dict[str, np.ndarray]) -> np.ndarray:
-    """Columns ``T, A, K, R, S`` of ``kvsim.cost.fitted.features`` for every row."""
+def feature_matrix(col: dict[str, np.ndarray], experts: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """Columns ``T, Ap, Kp, Kd, L, E, R, S`` of ``kvsim.cost.fitted.features`` for every row: the
+    prefill chunk is the row's prefill part, its decode sequences the decode part; ``experts``
+    is the model's ``(num_experts, num_experts_per_tok)``."""
     p, pc = col["num_prefill_tokens"], col["prefill_context"]
     nd, q, dc = col["num_decode_seqs"], col["decode_query_len"], col["decode_context"]
-    has_p = (p > 0).astype(float)
+    has_p, has_d = (p > 0).astype(float), (nd > 0).astype(float)
     tokens = p + nd * q
-    pairs = p * (pc + (p + 1) / 2) + nd * q * (dc + (q + 1) / 2)
-    kv_read = has_p * (pc + p) + nd * (dc + q)
+    pairs = p * (pc + (p + 1) / 2)
+    kv_prefill = has_p * (pc + p)
+    kv_decode = nd * (dc + q)
+    longest = has_p * has_d * np.maximum(pc + p, dc + q)
     num_chunks = has_p + nd
-    return np.stack([tokens, pairs, kv_read, num_chunks, col["num_sampled"]], axis=1)
+    num_experts, top_k = experts
+    share = 1 - (1 - top_k / num_experts) ** tokens if num_experts else np.zeros(len(tokens))
+    return np.stack([tokens, pairs, kv_prefill, kv_decode, longest, share, num_chunks,
+                     col["num_sampled"]], axis=1)
 
 
 def predict(x: np.ndarray, feats: np.ndarray) -> np.ndarray:
     """Vectorised ``pass_time_s``: ``x`` in ``PARAMS`` order."""
-    t0, w, p, a_tok, a_attn, a_kv, a_seq, a_lm = x
-    tokens, pairs, kv_read, num_chunks, num_sampled = feats.T
+    t0, w, p, a_tok, a_attn, a_kvp, a_kv, a_crit, q, a_moe, a_seq, a_lm = x
+    tokens, pairs, kv_prefill, kv_decode, longest, share, num_chunks, num_rows = feats.T
     linear = (w ** p + (a_tok * tokens) ** p) ** (1 / p)
-    return t0 + linear + a_attn * pairs + a_kv * kv_read + a_seq * num_chunks + a_lm * num_sampled
+    work = a_attn * pairs + a_kvp * kv_prefill + a_kv * kv_decode
+    attention = (work ** q + (a_crit * longest) ** q) ** (1 / q)
+    return t0 + linear + attention + a_moe * share + a_seq * num_chunks + a_lm * num_rows
+
+
+# Knee starting points tried for (p, q): the fit keeps the best.
+KNEES = ((1.5, 2.0), (4.0, 2.0), (10.0, 4.0))
 
 
 def _fit_params(feats: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares on relative residuals, from a non-negative linear start, for a few knees."""
     from scipy.optimize import least_squares, nnls
 
+    # Linear start (p = q = 1, w = 0): t0, a_tok, a_attn, a_kv_prefill, a_kv, a_crit, a_moe,
+    # a_seq, a_lm.
     lin = np.column_stack([np.ones(len(y)), feats]) / y[:, None]
-    start, _ = nnls(lin, np.ones(len(y)))  # t0, a_tok, a_attn, a_kv, a_seq, a_lm (p = 1, w = 0)
+    start, _ = nnls(lin, np.ones(len(y)))
+    t0 = start[0]
     scale = np.maximum(np.abs(start), 1e-12)
     scale[0] = max(scale[0], float(np.median(y)) * 1e-3)
+    lo, hi = np.zeros(len(PARAMS)), np.full(len(PARAMS), np.inf)
+    for k in ("p", "q"):
+        i = PARAMS.index(k)
+        lo[i], hi[i] = 1.0, 32.0
+
+    def resid(x):
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = predict(x, feats) / y - 1
+        return np.nan_to_num(r, nan=1e6, posinf=1e6)
+
     best = None
-    for p0 in (1.5, 4.0, 10.0):
-        x0 = np.array([start[0] / 2, start[0] / 2 + 1e-9, p0, *start[1:]])
-        x0[3:] = np.maximum(x0[3:], 1e-15)
-        xs = np.array([scale[0], scale[0], 1.0, *scale[1:]])
-        lo = np.zeros(8)
-        lo[2] = 1.0
-        hi = np.full(8, np.inf)
-        hi[2] = 32.0
-
-        def resid(x):
-            return predict(x, feats) / y - 1
-
+    for p0, q0 in KNEES:
+        x0 = np.array([t0 / 2, t0 / 2 + 1e-9, p0, *start[1:6], q0, *start[6:]])
+        xs = np.array([scale[0], scale[0], 1.0, *scale[1:6], 1.0, *scale[6:]])
+        free = np.ones(len(x0), bool)
+        free[[PARAMS.index("p"), PARAMS.index("q")]] = False
+        x0[free] = np.maximum(x0[free], 1e-15)
         r = least_squares(resid, x0, bounds=(lo, hi), x_scale=xs, loss="soft_l1", f_scale=0.05,
-                          max_nfev=2000)
+                          max_nfev=3000)
         if best is None or r.cost < best.cost:
             best = r
     return best.x
@@ -125,9 +145,10 @@ def _errors_pct(x, feats, y) -> dict:
             "max_pct": round(float(err.max()), 2), "num_rows": int(len(y))}
 
 
-def fit_pass(col: dict[str, np.ndarray], rng: np.random.Generator) -> tuple[dict, dict, dict]:
+def fit_pass(col: dict[str, np.ndarray], rng: np.random.Generator,
+             experts: tuple[int, int] = (0, 0)) -> tuple[dict, dict, dict]:
     """Fit one pass's rows. Returns (params, held-out error, training error)."""
-    feats, y = feature_matrix(col), col["step_s"]
+    feats, y = feature_matrix(col, experts), col["step_s"]
     n = len(y)
     order = rng.permutation(n)
     num_held = int(round(n * HELDOUT_FRACTION)) if n >= 10 else 0
@@ -138,7 +159,8 @@ def fit_pass(col: dict[str, np.ndarray], rng: np.random.Generator) -> tuple[dict
     return params, held_err, _errors_pct(x, feats[train], y[train])
 
 
-def fit_rows(rows: list[dict[str, str]], where: str, seed: int = 0) -> dict:
+def fit_rows(rows: list[dict[str, str]], where: str, seed: int = 0,
+             experts: tuple[int, int] = (0, 0)) -> dict:
     """Fit every pass present in ``rows``. Returns ``{pass: (params, heldout, train, count)}``."""
     bad = {r["pass"] for r in rows} - set(PASSES)
     if bad:
@@ -152,7 +174,7 @@ def fit_rows(rows: list[dict[str, str]], where: str, seed: int = 0) -> dict:
             raise ConfigError(where, f"{len(sel)} {name} rows are too few to fit {len(PARAMS)} "
                               "coefficients")
         col = _columns(sel, where)
-        params, held, train = fit_pass(col, np.random.default_rng(seed))
+        params, held, train = fit_pass(col, np.random.default_rng(seed), experts)
         out[name] = (params, held, train, len(sel))
     if "target" not in out:
         raise ConfigError(where, "no target rows")
@@ -184,7 +206,8 @@ def build_profile(csv_path: Path, seed: int = 0, provenance: dict | None = None)
     rows = read_rows(csv_path)
     where = str(csv_path)
     meta = model_meta(rows, where)
-    fits = fit_rows(rows, where, seed)
+    fits = fit_rows(rows, where, seed,
+                    (meta["model"]["num_experts"], meta["model"]["num_experts_per_tok"]))
     params, held, train, count = fits["target"]
     profile = {
         "format": PROFILE_FORMAT,

@@ -12,8 +12,10 @@ is composed as::
 
 with ``T`` the step's tokens and ``S`` its sampling requests (every decode sequence and the
 prefill chunk); the drafter's pass (EAGLE/MTP head) is the same with ``L = 1``. Dense times
-are interpolated linearly in ``T``; points past the profiled token range are dropped. MoE
-profiles (``moe.csv``) are not composed yet.
+are interpolated linearly in ``T``; points past the profiled token range are dropped. An MoE
+model's layers add ``moe.csv``'s fused-MoE time (tokens x activated experts -> µs) at the
+experts ``T`` tokens are expected to activate under uniform top-k routing,
+``N·(1 − (1 − k/N)^T)`` (linear in the expert count, then in ``T``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from kvsim import presets
-from kvsim.cost.fitted import SHAPE_KEYS
+from kvsim.config import model_preset
+from kvsim.cost.fitted import SHAPE_KEYS, expert_share
 from kvsim.errors import ConfigError
 
 # Ops applied once per step rather than once per layer.
@@ -84,13 +87,16 @@ def step_rows(folder: Path, tp: int, model: str | None = None) -> tuple[list[dic
     name = model or preset_for(hf_model)
     if name is None:
         raise ConfigError(str(folder), f"no kvsim model preset for {hf_model!r}; pass --model")
-    shape = presets.load("models", name)
-    if shape is None:
-        raise ConfigError("--model", f"unknown model preset {name!r}; known: "
-                          f"{', '.join(presets.names('models'))}")
+    shape = model_preset(name)
     sub = folder / f"tp{tp}"
-    if (sub / "moe.csv").exists():
-        raise ConfigError(str(sub), "MoE profiles (moe.csv) are not composed yet")
+    if not sub.is_dir():
+        raise ConfigError(str(sub), f"no profile for tensor_parallel_size {tp} (profiled: "
+                          f"{', '.join(map(str, tp_degrees(folder))) or 'none'})")
+    num_experts, top_k = shape.num_experts, shape.num_experts_per_tok
+    moe = _moe_table(sub / "moe.csv") if num_experts else None
+    if moe is None and (sub / "moe.csv").exists():
+        raise ConfigError(str(sub), f"moe.csv profiles an MoE model, but preset {name!r} has no "
+                          "num_experts")
     dense = _table(sub / "dense.csv", "tokens")
     per_seq = _table(sub / "per_sequence.csv", "sequences")
     for op in ("lm_head", "sampler"):
@@ -115,12 +121,14 @@ def step_rows(folder: Path, tp: int, model: str | None = None) -> tuple[list[dic
     sampled = nd + (pc > 0)
     per_layer = attn_us + sum(dense_us(op, tokens) for op in dense if op not in ONCE_PER_STEP)
     per_layer += dense_us("layernorm", tokens)  # pre-attention and pre-MLP norms
+    if moe is not None:
+        per_layer += _moe_us(moe, tokens, num_experts * expert_share(tokens, num_experts, top_k))
     once = sum(dense_us(op, tokens) for op in ONCE_PER_STEP if op in dense)
     head = np.interp(sampled, *per_seq["lm_head"]) + np.interp(sampled, *per_seq["sampler"])
-    layers = int(shape["num_hidden_layers"])
+    layers = shape.num_hidden_layers
     common = {"source": f"llmservingsim:{hf_model}", "device": meta.get("gpu", ""),
               "torch_version": f"vllm {meta.get('vllm_version', '?')}", "dtype": meta.get("variant", ""),
-              "model": name, **{k: shape[k] for k in SHAPE_KEYS}, "tensor_parallel_size": tp,
+              "model": name, **{k: getattr(shape, k) for k in SHAPE_KEYS}, "tensor_parallel_size": tp,
               "num_layers_timed": 1}
     rows = []
     for pass_name, num_layers in (("target", layers), ("draft", 1)):
@@ -138,6 +146,32 @@ def step_rows(folder: Path, tp: int, model: str | None = None) -> tuple[list[dic
                   "composition": "L*(attention + dense ops + 2nd layernorm) + embedding + final "
                                  "norm + lm_head + sampler; draft: L = 1"}
     return rows, provenance
+
+
+def _moe_table(path: Path) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+    """``{tokens: (activated experts, µs)}`` of an LLMServingSim ``moe.csv``."""
+    try:
+        data = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+    except FileNotFoundError:
+        raise ConfigError(str(path), "no such file (the MoE model's fused-MoE profile)") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(path), f"cannot read: {exc}") from None
+    if data.shape[1] != 3:
+        raise ConfigError(str(path), "expected columns tokens, activated_experts, time_us")
+    out = {}
+    for t in np.unique(data[:, 0]):
+        sel = data[data[:, 0] == t]
+        sel = sel[np.argsort(sel[:, 1])]
+        out[float(t)] = (sel[:, 1], sel[:, 2])
+    return out
+
+
+def _moe_us(table, tokens: np.ndarray, experts: np.ndarray) -> np.ndarray:
+    """Fused-MoE µs at ``tokens`` with ``experts`` activated: linear in the expert count at each
+    profiled token count, then linear in tokens between them."""
+    grid = np.array(sorted(table))
+    at = np.array([[np.interp(e, *table[t]) for t in grid] for e in experts])
+    return np.array([np.interp(t, grid, row) for t, row in zip(tokens, at)])
 
 
 def tp_degrees(folder: Path) -> list[int]:

@@ -1,22 +1,35 @@
 """A step-time model fitted to measured steps (a calibration profile), in place of the roofline.
 
 One forward pass over a step's chunks ``(n new tokens, c tokens of context before them)`` with
-``S`` sampling requests costs::
+``S`` rows through the LM head costs::
 
-    T = Σ n                    tokens through the linear layers
-    A = Σ n · (c + (n + 1)/2)  causal attention pairs (prefill attention compute)
-    K = Σ (c + n)              KV entries read (decode attention memory traffic)
-    R = #chunks                sequences in the batch (per-sequence kernels, metadata)
+    T  = Σ n                        tokens through the linear layers
+    Ap = Σ_prefill n·(c + (n+1)/2)  causal attention pairs of prefill chunks (compute)
+    Kp = Σ_prefill (c + n)          KV entries prefill chunks read
+    Kd = Σ_decode (c + n)           KV entries decode chunks read (memory traffic)
+    L  = max (c + n)                the longest sequence, in a step mixing prefill and decode
+    E  = 1 − (1 − k/N)^T            MoE: the share of N routed experts T tokens of top-k touch
+    R  = #chunks                    sequences in the batch (per-sequence kernels, metadata)
 
-    time = t0 + (w^p + (a_tok · T)^p)^(1/p) + a_attn · A + a_kv · K + a_seq · R + a_lm · S
+    time = t0 + (w^p + (a_tok·T)^p)^(1/p)
+              + ((a_attn·Ap + a_kv_prefill·Kp + a_kv·Kd)^q + (a_crit·L)^q)^(1/q)
+              + a_moe·E + a_seq·R + a_lm·S
 
-``t0`` is the fixed per-step overhead, ``w`` the weight-read time (the linear layers are
-memory bound for few tokens and compute bound for many: a smooth roofline with knee sharpness
-``p``), ``a_tok`` the linear FLOPs per token, ``a_attn`` and ``a_kv`` the attention terms in
-context length, ``a_seq`` the per-sequence cost, ``a_lm`` the LM head and sampler per sampled
-row. A profile holds one such set for the target model and one for the drafter's own pass (an
-EAGLE/MTP head: one decoder layer plus the LM head). ``kvsim calibrate`` writes profiles;
-``[cost] profile`` selects one. Pure Python: no numpy, no torch.
+A decode chunk is one of at most ``1 + num_speculative_tokens`` tokens (vLLM's attention
+backends run those on their decode path, the rest as prefill). ``t0`` is the fixed per-step
+overhead, ``w`` the weight-read time (the linear layers are memory bound for few tokens and
+compute bound for many: a smooth roofline with knee sharpness ``p``), ``a_tok`` the linear FLOPs
+per token, ``a_moe`` the time to read all routed experts' weights (an MoE layer reads only the
+experts its tokens were routed to; ``E`` assumes uniform routing). Attention is the larger,
+smoothly (knee ``q``), of its work and a critical path: a pure decode batch splits each
+sequence's KV across the GPU, but a mixed batch runs every sequence through the variable-length
+prefill kernel, where one long sequence is walked by few thread blocks (vLLM's own layer
+profiles show a single 16k-token decode costing ~5x more beside a prefill chunk than alone).
+``a_seq`` is the per-sequence cost, ``a_lm`` the LM head and sampler per row (one per sampling
+request; 1 + k per verifying request). A profile holds one such set for the target model and
+one for the drafter's own pass (an EAGLE/MTP head: one decoder layer plus the LM head).
+``kvsim calibrate`` writes profiles; ``[cost] profile`` selects one. Pure Python: no numpy, no
+torch.
 """
 
 from __future__ import annotations
@@ -27,34 +40,61 @@ from pathlib import Path
 
 from kvsim.errors import ConfigError
 
-PARAMS = ("t0_s", "w_s", "p", "a_tok_s", "a_attn_s", "a_kv_s", "a_seq_s", "a_lm_s")
-FORM = ("t0 + (w^p + (a_tok*T)^p)^(1/p) + a_attn*A + a_kv*K + a_seq*R + a_lm*S; "
-        "T = sum n, A = sum n*(c+(n+1)/2), K = sum (c+n), R = #chunks, S = sampled rows")
+PARAMS = ("t0_s", "w_s", "p", "a_tok_s", "a_attn_s", "a_kv_prefill_s", "a_kv_s", "a_crit_s", "q",
+          "a_moe_s", "a_seq_s", "a_lm_s")
+FORM = ("t0 + (w^p + (a_tok*T)^p)^(1/p) + ((a_attn*Ap + a_kv_prefill*Kp + a_kv*Kd)^q "
+        "+ (a_crit*L)^q)^(1/q) + a_moe*E + a_seq*R + a_lm*S; T = sum n, Ap = sum_prefill "
+        "n*(c+(n+1)/2), Kp = sum_prefill (c+n), Kd = sum_decode (c+n), L = max (c+n) in a step "
+        "mixing prefill and decode chunks (else 0), E = 1-(1-top_k/num_experts)^T (0: dense), "
+        "R = #chunks, S = LM-head rows; decode chunk: n <= 1 + num_speculative_tokens")
 # Model shape keys a profile must match (tensor parallel size is checked separately).
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "intermediate_size", "vocab_size")
-PROFILE_FORMAT = "kvsim-cost-profile/1"
+              "head_dim", "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok")
+PROFILE_FORMAT = "kvsim-cost-profile/2"
 
 
-def features(chunks, num_sampled: int) -> tuple[float, float, float, float, float]:
-    """``(T, A, K, R, S)`` of one pass over ``chunks`` (pairs ``(n, c)``)."""
-    tokens = pairs = kv_read = 0.0
-    num_chunks = 0
+def expert_share(tokens: float, num_experts: int, top_k: int) -> float:
+    """The expected share of an MoE layer's ``num_experts`` routed experts that ``tokens``
+    tokens, each routed to ``top_k`` of them uniformly, touch (0 for a dense model)."""
+    if not num_experts:
+        return 0.0
+    return 1.0 - (1.0 - top_k / num_experts) ** tokens
+
+
+def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int, int] = (0, 0)):
+    """``(T, Ap, Kp, Kd, L, E, R, S)`` of one pass over ``chunks`` (pairs ``(n, c)``) with
+    ``num_rows`` LM-head rows; a chunk of at most ``max_decode_len`` tokens is a decode chunk;
+    ``experts`` is the model's ``(num_experts, num_experts_per_tok)``."""
+    tokens = pairs = kv_prefill = kv_decode = 0.0
+    longest = 0.0
+    num_chunks = num_prefill = 0
     for n, c in chunks:
         tokens += n
-        pairs += n * (c + (n + 1) / 2)
-        kv_read += c + n
+        length = c + n
+        if n > max_decode_len:
+            pairs += n * (c + (n + 1) / 2)
+            kv_prefill += length
+            num_prefill += 1
+        else:
+            kv_decode += length
+        if length > longest:
+            longest = length
         num_chunks += 1
-    return tokens, pairs, kv_read, float(num_chunks), float(num_sampled)
+    mixed = 0 < num_prefill < num_chunks
+    return (tokens, pairs, kv_prefill, kv_decode, longest if mixed else 0.0,
+            expert_share(tokens, *experts), float(num_chunks), float(num_rows))
 
 
 def pass_time_s(params: dict[str, float], feats) -> float:
     """Seconds of one pass with coefficients ``params`` (see ``PARAMS``) for ``features(...)``."""
-    tokens, pairs, kv_read, num_chunks, num_sampled = feats
-    p = params["p"]
+    tokens, pairs, kv_prefill, kv_decode, longest, share, num_chunks, num_rows = feats
+    p, q = params["p"], params["q"]
     linear = (params["w_s"] ** p + (params["a_tok_s"] * tokens) ** p) ** (1 / p)
-    return (params["t0_s"] + linear + params["a_attn_s"] * pairs + params["a_kv_s"] * kv_read
-            + params["a_seq_s"] * num_chunks + params["a_lm_s"] * num_sampled)
+    work = (params["a_attn_s"] * pairs + params["a_kv_prefill_s"] * kv_prefill
+            + params["a_kv_s"] * kv_decode)
+    attention = (work ** q + (params["a_crit_s"] * longest) ** q) ** (1 / q)
+    return (params["t0_s"] + linear + attention + params["a_moe_s"] * share
+            + params["a_seq_s"] * num_chunks + params["a_lm_s"] * num_rows)
 
 
 def shipped_profiles() -> list[str]:
@@ -87,8 +127,9 @@ def _check_pass(where: str, raw) -> dict[str, float]:
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != v:
             raise ConfigError(f"{where}.{k}", f"must be a non-negative number, got {v!r}")
         out[k] = float(v)
-    if out["p"] < 1:
-        raise ConfigError(f"{where}.p", f"must be at least 1, got {out['p']!r}")
+    for k in ("p", "q"):
+        if out[k] < 1:
+            raise ConfigError(f"{where}.{k}", f"must be at least 1, got {out[k]!r}")
     return out
 
 
@@ -101,8 +142,11 @@ def load_profile(path: Path) -> dict:
         raise ConfigError(where, "no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(where, f"not a readable JSON profile: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+    if not isinstance(data, dict) or not str(data.get("format", "")).startswith("kvsim-cost-profile/"):
         raise ConfigError(where, f"not a kvsim cost profile (expected format {PROFILE_FORMAT!r})")
+    if data["format"] != PROFILE_FORMAT:
+        raise ConfigError(where, f"profile format {data['format']!r} is older than this kvsim's "
+                          f"{PROFILE_FORMAT!r}; re-run kvsim calibrate")
     model = data.get("model")
     if not isinstance(model, dict) or any(not isinstance(model.get(k), int) for k in SHAPE_KEYS):
         raise ConfigError(f"{where}: model", f"must give the model shape ({', '.join(SHAPE_KEYS)})")
@@ -139,6 +183,10 @@ class FittedCost:
         self.target = profile["target"]
         self.drafter = None
         self.num_draft_passes = 0
+        # Chunks of at most 1 + k tokens run on the attention backends' decode path.
+        self.max_decode_len = 1 + (spec.num_speculative_tokens if spec is not None and spec.enabled
+                                   else 0)
+        self.experts = (model.num_experts, model.num_experts_per_tok)
         if spec is not None and spec.enabled and spec.method != "ngram":
             if spec.method == "draft_model":
                 raise ConfigError("cost.profile", "a fitted profile has no draft-model pass; use the "
@@ -154,14 +202,18 @@ class FittedCost:
 
     def step_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``)."""
-        return pass_time_s(self.target, features(chunks, num_sampled))
+        # The LM head scores every verified position: 1 + k rows per verifying request.
+        rows = num_sampled + sum(n - 1 for n, _ in chunks if n <= self.max_decode_len)
+        return pass_time_s(self.target, features(chunks, rows, self.max_decode_len, self.experts))
 
     def draft_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds the drafter adds: one pass over the step's chunks, then k − 1 one-row passes."""
         if self.drafter is None or not num_sampled:
             return 0.0
-        first = pass_time_s(self.drafter, features(chunks, num_sampled))
+        first = pass_time_s(self.drafter, features(chunks, num_sampled, self.max_decode_len,
+                                                   self.experts))
         # Later passes: one row per sampling request, at the batch's mean context.
         context = sum(c + n for n, c in chunks) / len(chunks)
-        rest = pass_time_s(self.drafter, features([(1, context)] * num_sampled, num_sampled))
+        rest = pass_time_s(self.drafter, features([(1, context)] * num_sampled, num_sampled, 1,
+                                                  self.experts))
         return first + (self.num_draft_passes - 1) * rest
