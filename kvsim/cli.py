@@ -51,8 +51,9 @@ class _Progress:
             self.stream.flush()
 
 
-def _default_out(scenario: Path) -> Path:
-    base = Path("kvsim-out") / scenario.stem
+def _default_out(name: str) -> Path:
+    """``kvsim-out/NAME``, or ``NAME-2``, ``NAME-3``, ... if taken."""
+    base = Path("kvsim-out") / name
     out, i = base, 1
     while out.exists():
         i += 1
@@ -94,7 +95,7 @@ def cmd_run(args) -> int:
     path = Path(args.scenario)
     sc = load_scenario(path)
     specs = build_requests(sc)
-    out = Path(args.out) if args.out else _default_out(path)
+    out = Path(args.out) if args.out else _default_out(path.stem)
     progress = _Progress(sys.stderr) if sys.stderr.isatty() and not args.quiet else None
     try:
         rec = engine.run(sc, specs, progress=progress)
@@ -134,7 +135,7 @@ def cmd_compare(args) -> int:
     results = compare.run_variants(raw, path, variants)
     rows = [compare.row(name, summary) for name, _, _, summary in results]
     lines = compare.verdict(rows, default=not args.vary)
-    out = Path(args.out) if args.out else _default_out(path.with_name(path.stem + "-compare"))
+    out = Path(args.out) if args.out else _default_out(path.stem + "-compare")
     files = {"compare.csv": compare.csv_text(rows)}
     for name, sc, rec, summary in results:
         for fname, text in compare.variant_files(sc, rec, summary).items():
@@ -151,6 +152,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    if args.against == "measured":
+        return _validate_measured(args)
     from kvsim.config import load_scenario
     from kvsim.oracle import validate
 
@@ -162,6 +165,28 @@ def cmd_validate(args) -> int:
     bad = sum(total - ok for _, ok, total, _ in rows)
     print("agreement: exact" if not bad else f"agreement: {bad} mismatching values")
     return 0 if not bad else 1
+
+
+def _validate_measured(args) -> int:
+    from kvsim import measured
+
+    folder = Path(args.scenario)
+    if not folder.is_dir():
+        raise ConfigError(str(folder), "not a folder (expected a measured run: vllm/meta.json, "
+                          "vllm/requests.jsonl, config.json)")
+    sc, rec, rows, table = measured.compare(folder, args.profile)
+    out = Path(args.out) if args.out else _default_out(folder.resolve().name + "-validate")
+    files = {"validate.csv": measured.rows_csv(rows),
+             "summary.json": measured.summary_json(sc, table)}
+    _write_results(out, files, extra=lambda tmp: measured.plot(rows, tmp / "validate.png"))
+    e = sc.engine
+    print(f"kvsim vs measured vLLM {e.vllm_version} run {folder.resolve().name}: {len(rows)} "
+          f"requests; {sc.model.name} on {sc.hardware.name}, tp {e.tensor_parallel_size}, "
+          f"{e.num_gpu_blocks} KV blocks of {e.block_size} (derived from GPU memory); "
+          f"cost model {rec.cost_label}")
+    print(measured.format_table(table, "peer"))
+    print(f"results in {out}")
+    return 0
 
 
 def cmd_calibrate(args) -> int:
@@ -282,10 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>-compare)")
     cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     cmp.set_defaults(func=cmd_compare)
-    val = sub.add_parser("validate", help="check a scenario against vLLM's own Scheduler")
-    val.add_argument("scenario", help="scenario TOML file")
-    val.add_argument("--against", choices=("vllm-scheduler",), default="vllm-scheduler",
-                     help="the referee (vLLM's v1 Scheduler on CPU, fake model outputs)")
+    val = sub.add_parser("validate", help="check a scenario against vLLM's own Scheduler, or "
+                         "kvsim's predictions against a measured vLLM run")
+    val.add_argument("scenario", metavar="TARGET", help="scenario TOML file (vllm-scheduler) or "
+                     "a measured run folder (measured)")
+    val.add_argument("--against", choices=("vllm-scheduler", "measured"), default="vllm-scheduler",
+                     help="the referee: vLLM's v1 Scheduler on CPU with fake model outputs, or a "
+                     "measured vLLM GPU run (LLMServingSim's run layout)")
+    val.add_argument("--profile", help="measured: the cost profile (default: the shipped one for "
+                     "the run's GPU, model and tensor parallel size)")
+    val.add_argument("--out", help="measured: result folder (default kvsim-out/<run>-validate)")
     val.add_argument("--vllm", help="vLLM release (default: the scenario's engine.vllm_version)")
     val.add_argument("--oracle-python", help="python of the oracle environment (default: "
                      "$KVSIM_ORACLE_HOME or ~/.cache/kvsim/oracle, /vllm-VERSION/bin/python)")

@@ -88,6 +88,11 @@ HARDWARE_KEYS = (
     Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.",
         low=0, low_open=True),
     Key("memory_bytes", "int", REQUIRED, "Device memory, bytes.", low=1),
+    Key("interconnect_bandwidth_bytes_per_s", "float", None, "GPU-to-GPU bandwidth per direction "
+        "(NVLink, or PCIe without it), bytes/s: the tensor parallel all-reduces; needed when "
+        "`tensor_parallel_size` > 1.", low=0, low_open=True),
+    Key("interconnect_latency_s", "float", 5e-6, "Latency of one step of a ring all-reduce, "
+        "seconds.", low=0),
 )
 
 ENGINE_KEYS = (
@@ -105,7 +110,7 @@ ENGINE_KEYS = (
     Key("kv_cache_dtype", "str", "auto", "KV cache dtype (`auto` = model dtype).",
         choices=("auto", *KV_CACHE_DTYPE_BYTES)),
     Key("tensor_parallel_size", "int", 1, "GPUs per replica: weights, KV heads and FLOPs are split "
-        "across them (no communication cost is modelled).", low=1),
+        "across them; each layer's two all-reduces cross `[hardware]`'s interconnect.", low=1),
     Key("enable_prefix_caching", "bool", True, "Automatic prefix caching."),
     Key("max_num_batched_tokens", "int", None, "Token budget per step. Default as `vllm serve`: "
         "8192 on a device with >= 70 GiB that is not an A100 (16384 at >= 160 GiB), else 2048.",
@@ -237,7 +242,9 @@ COST_KEYS = (
         low_open=True, high=1),
     Key("bandwidth_efficiency", "float", 0.8, "Fraction of peak bandwidth a step reaches.", low=0,
         low_open=True, high=1),
-    Key("step_overhead_s", "float", 0.002, "Fixed CPU/launch overhead per step, seconds.", low=0),
+    Key("step_overhead_s", "float", 0.002, "Fixed per-step engine overhead, seconds, added to either "
+        "model: vLLM's CPU work between steps (scheduling, input preparation, sampling) and kernel "
+        "launch gaps, which layer timings do not see.", low=0),
 )
 
 RUN_KEYS = (
@@ -293,6 +300,8 @@ class HardwareCfg:
     peak_flops_per_s: float
     mem_bandwidth_bytes_per_s: float
     memory_bytes: int
+    interconnect_bandwidth_bytes_per_s: float | None = None
+    interconnect_latency_s: float = 5e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,6 +610,9 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if model.num_attention_heads % tp:
         raise ConfigError(f"{where}.tensor_parallel_size",
                           f"{tp} does not divide num_attention_heads ({model.num_attention_heads})")
+    if tp > 1 and hw.interconnect_bandwidth_bytes_per_s is None:
+        raise ConfigError(f"{file}: hardware.interconnect_bandwidth_bytes_per_s",
+                          f"needed for tensor_parallel_size {tp} (each layer's all-reduces)")
     # vLLM's own start-up checks (SchedulerConfig.verify_max_model_len).
     mnbt, mml = e["max_num_batched_tokens"], e["max_model_len"]
     if not e["enable_chunked_prefill"] and mnbt < mml:

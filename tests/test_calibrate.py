@@ -33,15 +33,20 @@ def test_fit_on_sample_csv_reports_heldout_error():
 
 def test_features_by_hand():
     # A prefill chunk of 512 after 1,000 cached tokens beside two decodes (16,000 and 300 tokens
-    # of context): T = 514; prefill pairs 512·(1000 + 513/2) = 643,328; prefill KV 1,512; decode
-    # KV 16,001 + 301; the step mixes both, so the longest sequence (16,001) is the critical path.
+    # of context): T = 514; prefill pairs 512·(1000 + 513/2) = 643,328; prefill KV 1,512; the
+    # decodes' KV 16,001 + 301 read on the mixed (prefill-kernel) path, whose critical path is the
+    # longest sequence (16,001); 3 sequences in a mixed step.
     chunks = [(512, 1000), (1, 16000), (1, 300)]
-    assert fitted.features(chunks, 3) == (514, 643328.0, 1512.0, 16302.0, 16001.0, 0.0, 3.0, 3.0)
-    # Pure decode: no critical path; with 1 + k = 4 verified tokens a 4-token chunk is decode.
-    assert fitted.features([(4, 100), (4, 50)], 8, 4)[1:5] == (0.0, 0.0, 158.0, 0.0)
-    assert fitted.features([(4, 100), (4, 50)], 8, 1)[1:5] == (4 * 102.5 + 4 * 52.5, 158.0, 0.0, 0.0)
+    assert fitted.features(chunks, 3) == (514, 643328.0, 1512.0, 0.0, 16302.0, 16001.0, 0.0,
+                                          0.0, 3.0, 3.0)
+    # Pure decode: the decode path; with 1 + k = 4 verified tokens a 4-token chunk is decode.
+    assert fitted.features([(4, 100), (4, 50)], 8, 4) == (8, 0.0, 0.0, 158.0, 0.0, 0.0, 0.0,
+                                                          2.0, 0.0, 8.0)
+    # ... with k = 0 the same chunks are prefill chunks (no decode beside them: no critical path)
+    assert fitted.features([(4, 100), (4, 50)], 8, 1)[1:6] == (4 * 102.5 + 4 * 52.5, 158.0, 0.0,
+                                                               0.0, 0.0)
     # MoE: 16 tokens of top-8 of 128 experts touch 1 − (15/16)^16 of them.
-    assert fitted.features([(16, 0)], 1, 1, (128, 8))[5] == pytest.approx(1 - (15 / 16) ** 16)
+    assert fitted.features([(16, 0)], 1, 1, (128, 8))[6] == pytest.approx(1 - (15 / 16) ** 16)
 
 
 def _profile_file(tmp_path, **coeffs):
@@ -59,7 +64,8 @@ def _profile_file(tmp_path, **coeffs):
 def test_lm_head_scores_every_verified_position(tmp_path):
     # Only the LM-head term: 8 requests verifying k = 3 drafts score 8 × (1 + 3) = 32 rows in
     # the target pass; the drafter's first pass scores one row per request.
-    sc = parse_scenario({**SCENARIO, "cost": {"profile": _profile_file(tmp_path, a_lm_s=1e-3)},
+    sc = parse_scenario({**SCENARIO, "cost": {"profile": _profile_file(tmp_path, a_lm_s=1e-3),
+                                              "step_overhead_s": 0.0},
                          "speculative": {"method": "eagle", "num_speculative_tokens": 3}})
     cost = fitted.FittedCost(sc.model, sc.hardware, sc.cost, 1, spec=sc.speculative)
     assert cost.step_time_s([(4, 800)] * 8, 8) == pytest.approx(0.032)
@@ -72,8 +78,9 @@ def test_lm_head_scores_every_verified_position(tmp_path):
 @pytest.mark.parametrize("experts", [(0, 0), (128, 8)])
 def test_fit_recovers_a_known_model(tmp_path, experts):
     truth = {"t0_s": 2e-3, "w_s": 8e-3, "p": 3.0, "a_tok_s": 2e-5, "a_attn_s": 2e-10,
-             "a_kv_prefill_s": 4e-7, "a_kv_s": 1.5e-7, "a_crit_s": 2e-6, "q": 2.0,
-             "a_moe_s": 5e-3 if experts[0] else 0.0, "a_seq_s": 1e-5, "a_lm_s": 2e-6}
+             "a_kv_prefill_s": 4e-7, "a_kv_s": 1.5e-7, "a_kv_mixed_s": 3e-7, "a_crit_s": 2e-6,
+             "q": 2.0, "a_moe_s": 5e-3 if experts[0] else 0.0, "a_seq_s": 1e-5,
+             "a_seq_mixed_s": 2e-5, "a_lm_s": 2e-6}
     rng = np.random.default_rng(1)
     rows = []
     for _ in range(160):
@@ -233,3 +240,22 @@ def test_llmservingsim_moe_layer_at_expected_experts(capsys, tmp_path):
     code, err = _cli(["calibrate", "--from", "llmservingsim", str(sub), "--tp", "2",
                       "--out", str(tmp_path / "p.json")], capsys)
     assert code == 2 and len(err) == 1 and "moe.csv: no such file" in err[0]
+
+
+def test_tensor_parallel_allreduce_by_hand():
+    from kvsim.cost.comm import AllReduce
+
+    sc = parse_scenario({**SCENARIO, "model": {"preset": "qwen3-32b"},
+                         "engine": {**SCENARIO["engine"], "tensor_parallel_size": 2}})
+    # rtx-pro-6000: PCIe 5 x16, 64 GB/s per direction, 10 µs per ring step. A 128-token decode
+    # step of Qwen3-32B (64 layers, hidden 5120, bf16): 2 all-reduces per layer, each
+    # 2·(2−1)/2 · 128·5120·2 B / 64 GB/s + 2·(2−1) · 10 µs.
+    one = 128 * 5120 * 2 / 64e9 + 2 * 10e-6
+    assert AllReduce(sc.model, sc.hardware, 2).time_s(128, 64) == pytest.approx(2 * 64 * one)
+    assert AllReduce(sc.model, sc.hardware, 1).time_s(128, 64) == 0.0
+    with pytest.raises(ConfigError, match="interconnect_bandwidth_bytes_per_s: needed for "
+                       "tensor_parallel_size 2"):
+        parse_scenario({**SCENARIO, "hardware": {"peak_flops_per_s": 1e15,
+                                                 "mem_bandwidth_bytes_per_s": 3e12,
+                                                 "memory_bytes": 80 * 2**30},
+                        "engine": {**SCENARIO["engine"], "tensor_parallel_size": 2}})

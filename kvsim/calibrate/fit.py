@@ -72,32 +72,31 @@ def _is_number(v) -> bool:
 
 
 def feature_matrix(col: dict[str, np.ndarray], experts: tuple[int, int] = (0, 0)) -> np.ndarray:
-    """Columns ``T, Ap, Kp, Kd, L, E, R, S`` of ``kvsim.cost.fitted.features`` for every row: the
-    prefill chunk is the row's prefill part, its decode sequences the decode part; ``experts``
-    is the model's ``(num_experts, num_experts_per_tok)``."""
+    """The columns of ``kvsim.cost.fitted.features`` for every row: the prefill chunk is the
+    row's prefill part, its decode sequences the decode part; ``experts`` is the model's
+    ``(num_experts, num_experts_per_tok)``."""
     p, pc = col["num_prefill_tokens"], col["prefill_context"]
     nd, q, dc = col["num_decode_seqs"], col["decode_query_len"], col["decode_context"]
     has_p, has_d = (p > 0).astype(float), (nd > 0).astype(float)
+    pure, mixed = 1 - has_p, has_p * has_d
     tokens = p + nd * q
-    pairs = p * (pc + (p + 1) / 2)
-    kv_prefill = has_p * (pc + p)
     kv_decode = nd * (dc + q)
-    longest = has_p * has_d * np.maximum(pc + p, dc + q)
-    num_chunks = has_p + nd
     num_experts, top_k = experts
     share = 1 - (1 - top_k / num_experts) ** tokens if num_experts else np.zeros(len(tokens))
-    return np.stack([tokens, pairs, kv_prefill, kv_decode, longest, share, num_chunks,
-                     col["num_sampled"]], axis=1)
+    return np.stack([tokens, p * (pc + (p + 1) / 2), has_p * (pc + p), pure * kv_decode,
+                     has_p * kv_decode, mixed * np.maximum(pc + p, dc + q), share, pure * nd,
+                     mixed * (1 + nd), col["num_sampled"]], axis=1)
 
 
 def predict(x: np.ndarray, feats: np.ndarray) -> np.ndarray:
     """Vectorised ``pass_time_s``: ``x`` in ``PARAMS`` order."""
-    t0, w, p, a_tok, a_attn, a_kvp, a_kv, a_crit, q, a_moe, a_seq, a_lm = x
-    tokens, pairs, kv_prefill, kv_decode, longest, share, num_chunks, num_rows = feats.T
+    t0, w, p, a_tok, a_attn, a_kvp, a_kv, a_kvm, a_crit, q, a_moe, a_seq, a_seqm, a_lm = x
+    tokens, pairs, kv_prefill, kv_pure, kv_mixed, longest, share, seqs_pure, seqs_mixed, rows = feats.T
     linear = (w ** p + (a_tok * tokens) ** p) ** (1 / p)
-    work = a_attn * pairs + a_kvp * kv_prefill + a_kv * kv_decode
-    attention = (work ** q + (a_crit * longest) ** q) ** (1 / q)
-    return t0 + linear + attention + a_moe * share + a_seq * num_chunks + a_lm * num_rows
+    attention = ((a_attn * pairs + a_kvp * kv_prefill + a_kvm * kv_mixed) ** q
+                 + (a_crit * longest) ** q) ** (1 / q)
+    return (t0 + linear + attention + a_kv * kv_pure + a_moe * share + a_seq * seqs_pure
+            + a_seqm * seqs_mixed + a_lm * rows)
 
 
 # Knee starting points tried for (p, q): the fit keeps the best.
@@ -108,8 +107,7 @@ def _fit_params(feats: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares on relative residuals, from a non-negative linear start, for a few knees."""
     from scipy.optimize import least_squares, nnls
 
-    # Linear start (p = q = 1, w = 0): t0, a_tok, a_attn, a_kv_prefill, a_kv, a_crit, a_moe,
-    # a_seq, a_lm.
+    # Linear start (p = q = 1, w = 0): t0, then one coefficient per feature column.
     lin = np.column_stack([np.ones(len(y)), feats]) / y[:, None]
     start, _ = nnls(lin, np.ones(len(y)))
     t0 = start[0]
@@ -127,8 +125,9 @@ def _fit_params(feats: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     best = None
     for p0, q0 in KNEES:
-        x0 = np.array([t0 / 2, t0 / 2 + 1e-9, p0, *start[1:6], q0, *start[6:]])
-        xs = np.array([scale[0], scale[0], 1.0, *scale[1:6], 1.0, *scale[6:]])
+        # PARAMS order: t0, w, p, then the feature coefficients with q after a_crit.
+        x0 = np.array([t0 / 2, t0 / 2 + 1e-9, p0, *start[1:7], q0, *start[7:]])
+        xs = np.array([scale[0], scale[0], 1.0, *scale[1:7], 1.0, *scale[7:]])
         free = np.ones(len(x0), bool)
         free[[PARAMS.index("p"), PARAMS.index("q")]] = False
         x0[free] = np.maximum(x0[free], 1e-15)

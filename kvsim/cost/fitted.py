@@ -7,25 +7,29 @@ One forward pass over a step's chunks ``(n new tokens, c tokens of context befor
     Ap = Σ_prefill n·(c + (n+1)/2)  causal attention pairs of prefill chunks (compute)
     Kp = Σ_prefill (c + n)          KV entries prefill chunks read
     Kd = Σ_decode (c + n)           KV entries decode chunks read (memory traffic)
-    L  = max (c + n)                the longest sequence, in a step mixing prefill and decode
-    E  = 1 − (1 − k/N)^T            MoE: the share of N routed experts T tokens of top-k touch
     R  = #chunks                    sequences in the batch (per-sequence kernels, metadata)
+    L  = max (c + n)                the longest sequence
+    E  = 1 − (1 − k/N)^T            MoE: the share of N routed experts T tokens of top-k touch
 
-    time = t0 + (w^p + (a_tok·T)^p)^(1/p)
-              + ((a_attn·Ap + a_kv_prefill·Kp + a_kv·Kd)^q + (a_crit·L)^q)^(1/q)
-              + a_moe·E + a_seq·R + a_lm·S
+    pure decode step:  time = t0 + lin(T) + a_kv·Kd + a_seq·R + a_moe·E + a_lm·S
+    with a prefill:    time = t0 + lin(T) + a_moe·E + a_lm·S + a_seq_mixed·R·[decodes too]
+                              + ((a_attn·Ap + a_kv_prefill·Kp + a_kv_mixed·Kd)^q
+                                 + (a_crit·L·[decodes too])^q)^(1/q)
+    lin(T) = (w^p + (a_tok·T)^p)^(1/p)
 
 A decode chunk is one of at most ``1 + num_speculative_tokens`` tokens (vLLM's attention
 backends run those on their decode path, the rest as prefill). ``t0`` is the fixed per-step
 overhead, ``w`` the weight-read time (the linear layers are memory bound for few tokens and
 compute bound for many: a smooth roofline with knee sharpness ``p``), ``a_tok`` the linear FLOPs
 per token, ``a_moe`` the time to read all routed experts' weights (an MoE layer reads only the
-experts its tokens were routed to; ``E`` assumes uniform routing). Attention is the larger,
-smoothly (knee ``q``), of its work and a critical path: a pure decode batch splits each
-sequence's KV across the GPU, but a mixed batch runs every sequence through the variable-length
-prefill kernel, where one long sequence is walked by few thread blocks (vLLM's own layer
-profiles show a single 16k-token decode costing ~5x more beside a prefill chunk than alone).
-``a_seq`` is the per-sequence cost, ``a_lm`` the LM head and sampler per row (one per sampling
+experts its tokens were routed to; ``E`` assumes uniform routing). Attention takes two paths,
+as in vLLM's backends: a pure decode batch runs the decode kernel, which splits each
+sequence's KV across the GPU (``a_kv``, ``a_seq``); a batch with a prefill chunk runs every
+sequence through the variable-length prefill kernel, where decodes read their KV about twice as
+slowly (``a_kv_mixed``, ``a_seq_mixed``) and one long sequence, walked by few thread blocks, sets
+a critical path (``a_crit``; the larger of work and path, smoothly, knee ``q``). vLLM's own
+layer profiles show both: one decode of 16,384 tokens of context costs 62 µs alone, ~5× more
+beside a 16-token prefill chunk. ``a_lm`` is the LM head and sampler per row (one per sampling
 request; 1 + k per verifying request). A profile holds one such set for the target model and
 one for the drafter's own pass (an EAGLE/MTP head: one decoder layer plus the LM head).
 ``kvsim calibrate`` writes profiles; ``[cost] profile`` selects one. Pure Python: no numpy, no
@@ -38,15 +42,17 @@ import json
 from importlib import resources
 from pathlib import Path
 
+from kvsim.cost.comm import AllReduce
 from kvsim.errors import ConfigError
 
-PARAMS = ("t0_s", "w_s", "p", "a_tok_s", "a_attn_s", "a_kv_prefill_s", "a_kv_s", "a_crit_s", "q",
-          "a_moe_s", "a_seq_s", "a_lm_s")
-FORM = ("t0 + (w^p + (a_tok*T)^p)^(1/p) + ((a_attn*Ap + a_kv_prefill*Kp + a_kv*Kd)^q "
-        "+ (a_crit*L)^q)^(1/q) + a_moe*E + a_seq*R + a_lm*S; T = sum n, Ap = sum_prefill "
-        "n*(c+(n+1)/2), Kp = sum_prefill (c+n), Kd = sum_decode (c+n), L = max (c+n) in a step "
-        "mixing prefill and decode chunks (else 0), E = 1-(1-top_k/num_experts)^T (0: dense), "
-        "R = #chunks, S = LM-head rows; decode chunk: n <= 1 + num_speculative_tokens")
+PARAMS = ("t0_s", "w_s", "p", "a_tok_s", "a_attn_s", "a_kv_prefill_s", "a_kv_s", "a_kv_mixed_s",
+          "a_crit_s", "q", "a_moe_s", "a_seq_s", "a_seq_mixed_s", "a_lm_s")
+FORM = ("t0 + (w^p + (a_tok*T)^p)^(1/p) + a_moe*E + a_lm*S + [pure decode] a_kv*Kd + a_seq*R "
+        "+ [with a prefill chunk] ((a_attn*Ap + a_kv_prefill*Kp + a_kv_mixed*Kd)^q + "
+        "(a_crit*L*m)^q)^(1/q) + a_seq_mixed*R*m; T = sum n, Ap = sum_prefill n*(c+(n+1)/2), "
+        "Kp = sum_prefill (c+n), Kd = sum_decode (c+n), R = #chunks, L = max (c+n), m = 1 when "
+        "decode chunks run beside the prefill, E = 1-(1-top_k/num_experts)^T (0: dense), "
+        "S = LM-head rows; decode chunk: n <= 1 + num_speculative_tokens")
 # Model shape keys a profile must match (tensor parallel size is checked separately).
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
               "head_dim", "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok")
@@ -62,9 +68,11 @@ def expert_share(tokens: float, num_experts: int, top_k: int) -> float:
 
 
 def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int, int] = (0, 0)):
-    """``(T, Ap, Kp, Kd, L, E, R, S)`` of one pass over ``chunks`` (pairs ``(n, c)``) with
-    ``num_rows`` LM-head rows; a chunk of at most ``max_decode_len`` tokens is a decode chunk;
-    ``experts`` is the model's ``(num_experts, num_experts_per_tok)``."""
+    """``(T, Ap, Kp, Kd_pure, Kd_mixed, L_mixed, E, R_pure, R_mixed, S)`` of one pass over
+    ``chunks`` (pairs ``(n, c)``) with ``num_rows`` LM-head rows: decode KV, the longest
+    sequence and the chunk count go to the pure-decode or the mixed column by the step's kind
+    (``L``/``R`` mixed only when decodes run beside a prefill). A chunk of at most
+    ``max_decode_len`` tokens is a decode chunk; ``experts`` is ``(num_experts, top_k)``."""
     tokens = pairs = kv_prefill = kv_decode = 0.0
     longest = 0.0
     num_chunks = num_prefill = 0
@@ -80,21 +88,26 @@ def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int,
         if length > longest:
             longest = length
         num_chunks += 1
-    mixed = 0 < num_prefill < num_chunks
-    return (tokens, pairs, kv_prefill, kv_decode, longest if mixed else 0.0,
-            expert_share(tokens, *experts), float(num_chunks), float(num_rows))
+    share = expert_share(tokens, *experts)
+    if not num_prefill:
+        return (tokens, 0.0, 0.0, kv_decode, 0.0, 0.0, share, float(num_chunks), 0.0, float(num_rows))
+    mixed = num_prefill < num_chunks
+    return (tokens, pairs, kv_prefill, 0.0, kv_decode, longest if mixed else 0.0, share, 0.0,
+            float(num_chunks) if mixed else 0.0, float(num_rows))
 
 
 def pass_time_s(params: dict[str, float], feats) -> float:
     """Seconds of one pass with coefficients ``params`` (see ``PARAMS``) for ``features(...)``."""
-    tokens, pairs, kv_prefill, kv_decode, longest, share, num_chunks, num_rows = feats
+    (tokens, pairs, kv_prefill, kv_pure, kv_mixed, longest, share, seqs_pure, seqs_mixed,
+     num_rows) = feats
     p, q = params["p"], params["q"]
     linear = (params["w_s"] ** p + (params["a_tok_s"] * tokens) ** p) ** (1 / p)
     work = (params["a_attn_s"] * pairs + params["a_kv_prefill_s"] * kv_prefill
-            + params["a_kv_s"] * kv_decode)
+            + params["a_kv_mixed_s"] * kv_mixed)
     attention = (work ** q + (params["a_crit_s"] * longest) ** q) ** (1 / q)
-    return (params["t0_s"] + linear + attention + params["a_moe_s"] * share
-            + params["a_seq_s"] * num_chunks + params["a_lm_s"] * num_rows)
+    return (params["t0_s"] + linear + attention + params["a_kv_s"] * kv_pure
+            + params["a_moe_s"] * share + params["a_seq_s"] * seqs_pure
+            + params["a_seq_mixed_s"] * seqs_mixed + params["a_lm_s"] * num_rows)
 
 
 def shipped_profiles() -> list[str]:
@@ -187,6 +200,10 @@ class FittedCost:
         self.max_decode_len = 1 + (spec.num_speculative_tokens if spec is not None and spec.enabled
                                    else 0)
         self.experts = (model.num_experts, model.num_experts_per_tok)
+        # Profiles time each GPU's kernels; the all-reduces between them come from [hardware].
+        self.allreduce = AllReduce(model, hw, tp)
+        self.num_layers = model.num_hidden_layers
+        self.overhead_s = cost.step_overhead_s
         if spec is not None and spec.enabled and spec.method != "ngram":
             if spec.method == "draft_model":
                 raise ConfigError("cost.profile", "a fitted profile has no draft-model pass; use the "
@@ -204,16 +221,19 @@ class FittedCost:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``)."""
         # The LM head scores every verified position: 1 + k rows per verifying request.
         rows = num_sampled + sum(n - 1 for n, _ in chunks if n <= self.max_decode_len)
-        return pass_time_s(self.target, features(chunks, rows, self.max_decode_len, self.experts))
+        feats = features(chunks, rows, self.max_decode_len, self.experts)
+        return (self.overhead_s + pass_time_s(self.target, feats)
+                + self.allreduce.time_s(feats[0], self.num_layers))
 
     def draft_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds the drafter adds: one pass over the step's chunks, then k − 1 one-row passes."""
         if self.drafter is None or not num_sampled:
             return 0.0
-        first = pass_time_s(self.drafter, features(chunks, num_sampled, self.max_decode_len,
-                                                   self.experts))
+        feats = features(chunks, num_sampled, self.max_decode_len, self.experts)
+        first = pass_time_s(self.drafter, feats) + self.allreduce.time_s(feats[0], 1)
         # Later passes: one row per sampling request, at the batch's mean context.
         context = sum(c + n for n, c in chunks) / len(chunks)
-        rest = pass_time_s(self.drafter, features([(1, context)] * num_sampled, num_sampled, 1,
-                                                  self.experts))
+        rest = (pass_time_s(self.drafter, features([(1, context)] * num_sampled, num_sampled, 1,
+                                                   self.experts))
+                + self.allreduce.time_s(num_sampled, 1))
         return first + (self.num_draft_passes - 1) * rest

@@ -14,7 +14,7 @@ For one step with chunks ``(n new tokens, c tokens of context before them)``::
 ``P_body`` is the active parameter count (MoE: ``num_active_params``) less the embedding and
 LM-head matrices (2·V·h, capped at half the model); weight bytes count every parameter (all
 experts are read by a busy MoE step). Tensor parallelism divides FLOPs, weights and KV heads
-across GPUs; no communication is charged.
+across GPUs and adds each layer's all-reduces (``kvsim.cost.comm``).
 
 Drafting is costed separately (``draft_time_s``), as passes of the drafter with the same
 roofline: EAGLE/EAGLE3/MTP heads are one average decoder layer (active parameters / layers)
@@ -39,6 +39,7 @@ from kvsim.config import (
     _build,
     kv_bytes_per_token,
 )
+from kvsim.cost.comm import AllReduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +89,14 @@ class RooflineCost:
     def __init__(self, model: ModelCfg, hw: HardwareCfg, cost: CostCfg, tp: int,
                  kv_cache_dtype: str = "auto", spec: SpecCfg | None = None):
         self.target = _model_pass(model, tp, kv_cache_dtype)
+        self.allreduce = AllReduce(model, hw, tp)
+        self.num_layers = model.num_hidden_layers
         self.flops_per_s = hw.peak_flops_per_s * cost.compute_efficiency
         self.bytes_per_s = hw.mem_bandwidth_bytes_per_s * cost.bandwidth_efficiency
         self.overhead_s = cost.step_overhead_s
         self.drafter: _Pass | None = None
         self.num_draft_passes = 0
+        self.draft_layers = 1
         if spec is not None and spec.enabled and spec.method != "ngram":
             self.num_draft_passes = spec.num_speculative_tokens
             if spec.method == "draft_model":
@@ -100,20 +104,25 @@ class RooflineCost:
                 if spec.draft_model:
                     draft = _build(ModelCfg, {**presets.load("models", spec.draft_model)})
                 self.drafter = _model_pass(draft, tp, kv_cache_dtype)
+                self.draft_layers = draft.num_hidden_layers
             else:
                 layer = self.target.linear_flops_per_token * tp / 2 / model.num_hidden_layers
                 self.drafter = _model_pass(model, tp, kv_cache_dtype, num_layers=1, body_params=layer)
 
     def step_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``)."""
-        return self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
-                                                    self.bytes_per_s)
+        tokens = sum(n for n, _ in chunks)
+        return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
+                                                     self.bytes_per_s)
+                + self.allreduce.time_s(tokens, self.num_layers))
 
     def draft_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds the drafter adds to the step (0 without speculative decoding or for ngram)."""
         if self.drafter is None or not num_sampled:
             return 0.0
-        first = self.drafter.time_s(chunks, num_sampled, self.flops_per_s, self.bytes_per_s)
-        rest = self.drafter.time_s([(1, 0)] * num_sampled, num_sampled, self.flops_per_s,
-                                   self.bytes_per_s)
+        first = (self.drafter.time_s(chunks, num_sampled, self.flops_per_s, self.bytes_per_s)
+                 + self.allreduce.time_s(sum(n for n, _ in chunks), self.draft_layers))
+        rest = (self.drafter.time_s([(1, 0)] * num_sampled, num_sampled, self.flops_per_s,
+                                    self.bytes_per_s)
+                + self.allreduce.time_s(num_sampled, self.draft_layers))
         return first + (self.num_draft_passes - 1) * rest

@@ -1,0 +1,32 @@
+"""Tensor parallel communication: the all-reduces a step's layers wait for.
+
+vLLM's row-parallel layers (attention's ``o_proj``, the MLP's ``down_proj``) end in an
+all-reduce of the layer's output, ``T × hidden_size`` activations, across the
+``tensor_parallel_size`` GPUs; a ring all-reduce of ``M`` bytes over ``P`` GPUs takes
+``2(P − 1)/P · M / bandwidth + 2(P − 1) · latency``. So one pass over ``L`` layers adds
+``2 · L`` of them, at ``[hardware]``'s interconnect bandwidth and latency. Layer profiles
+measured per GPU (LLMServingSim's, kvsim's own benchmark) hold no communication, so both cost
+models add this term.
+"""
+
+from __future__ import annotations
+
+from kvsim.config import HardwareCfg, ModelCfg
+
+
+class AllReduce:
+    """Seconds of one pass's all-reduces for ``tokens`` tokens (0 on one GPU)."""
+
+    def __init__(self, model: ModelCfg, hw: HardwareCfg, tp: int):
+        self.tp = tp
+        if tp > 1:
+            act_bytes = max(2, model.dtype_bytes)  # activations stay 16-bit under fp8 weights
+            ring = 2 * (tp - 1)
+            bandwidth = hw.interconnect_bandwidth_bytes_per_s
+            self.per_token_s = ring / tp * model.hidden_size * act_bytes / bandwidth
+            self.fixed_s = ring * hw.interconnect_latency_s
+
+    def time_s(self, tokens: float, num_layers: int) -> float:
+        if self.tp == 1 or not tokens:
+            return 0.0
+        return 2 * num_layers * (self.fixed_s + self.per_token_s * tokens)

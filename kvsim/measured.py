@@ -1,0 +1,291 @@
+"""``kvsim validate --against measured RUN_DIR``: replay a measured vLLM GPU run and compare.
+
+A run folder (LLMServingSim's layout, ``../shared/data/llmservingsim/runs/<gpu>/<model>/``)
+holds ``vllm/meta.json`` (the engine arguments), ``vllm/requests.jsonl`` (per request the
+prompt and output lengths and vLLM's engine timestamps ``queued_ts``, ``first_token_ts``,
+``last_token_ts``), ``config.json`` (the cluster: its ``hardware``) and, optionally,
+``validation/summary.txt`` (a peer simulator's error table, shown beside kvsim's). The replayed
+workload (``meta.json``'s ``dataset_path``, found in the run folder or a folder above it) gives
+the prompts' token ids, so prefix-cache hits are real.
+
+The replay: every request arrives at its ``queued_ts`` (vLLM's engine clock, relative to the
+first), with its prompt ids and its measured output length; the engine runs the run's vLLM
+release with its arguments and vLLM's defaults for the rest (block size 16, prefix caching on,
+chunked prefill, ``gpu_memory_utilization`` 0.9), and the KV block count is derived from GPU
+memory as vLLM's profiling would (``kvsim.config``'s estimate: memory × utilization − weights −
+activation peak − non-torch memory, divided by the bytes of one block across layers). Step
+times come from the cost profile fitted to the same GPU's vLLM layer profiles at the run's
+tensor parallel size (a shipped ``rtxpro6000-*`` profile, or ``--profile``).
+
+Metrics as vLLM's own benchmark (and the peer) count them, per request: TTFT = first token −
+queued; TPOT = (last token − first token) / (output tokens − 1); latency = last token − queued.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvsim import engine, presets
+from kvsim.config import parse_scenario
+from kvsim.cost import fitted
+from kvsim.errors import ConfigError
+from kvsim.request import ExplicitTokens, RequestSpec
+from kvsim.workload.jsonl import json_lines
+
+METRICS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("Latency", "latency_ms"))
+STATS = ("Mean", "Median", "P90", "P95", "P99")
+# vLLM's defaults where a run's meta.json leaves a setting out (as of vLLM 0.19).
+VLLM_DEFAULTS = {"block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9}
+
+
+@dataclass
+class MeasuredRun:
+    folder: Path
+    meta: dict
+    hardware: str  # kvsim hardware preset
+    model: str  # kvsim model preset
+    specs: list[RequestSpec]
+    measured: list[dict]  # per request: ttft_ms, tpot_ms, latency_ms (same order as specs)
+    peer: dict[tuple[str, str], float] | None  # (metric, stat) -> the peer's value
+    # the GPU link as the run's config.json describes its machine (link_bw GB/s, link_latency ns)
+    link_bandwidth_bytes_per_s: float | None = None
+    link_latency_s: float = 0.0
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", s.lower())
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(str(path), "no such file (expected a measured run folder with "
+                          "vllm/meta.json, vllm/requests.jsonl and config.json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(str(path), f"not readable JSON: {exc}") from None
+
+
+def _find_upward(folder: Path, rel: str) -> Path:
+    for base in (folder, *folder.resolve().parents):
+        if (base / rel).is_file():
+            return base / rel
+    raise ConfigError(str(folder / "vllm" / "meta.json"), f"dataset_path {rel!r} is not in the run "
+                      "folder or any folder above it")
+
+
+def _hardware_preset(name: str, where: str) -> str:
+    for preset in presets.names("hardware"):
+        if _norm(preset) == _norm(name):
+            return preset
+    raise ConfigError(where, f"no kvsim hardware preset for {name!r}; known: "
+                      f"{', '.join(presets.names('hardware'))}")
+
+
+def _model_preset(hf_id: str, where: str) -> str:
+    from kvsim.calibrate.llmservingsim import preset_for
+
+    name = preset_for(hf_id)
+    if name is None:
+        raise ConfigError(where, f"no kvsim model preset for {hf_id!r}")
+    return name
+
+
+def read_peer(path: Path) -> dict[tuple[str, str], float] | None:
+    """``{(metric, stat): value}`` of the peer's column in ``validation/summary.txt``."""
+    if not path.is_file():
+        return None
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^(TTFT|TPOT|Latency) (Mean|Median|P90|P95|P99)\s+([-\d.]+)\s+([-\d.]+)", line)
+        if m:
+            out[(m.group(1), m.group(2))] = float(m.group(4))
+    return out or None
+
+
+def load_run(folder: Path) -> MeasuredRun:
+    """Read a measured run folder. Raises ConfigError naming the file and what is wrong."""
+    meta = _read_json(folder / "vllm" / "meta.json")
+    cluster = _read_json(folder / "config.json")
+    try:
+        kwargs = meta["engine_kwargs"]
+        hf_model = meta["model"]
+        instance = cluster["nodes"][0]["instances"][0]
+    except (KeyError, IndexError, TypeError):
+        raise ConfigError(str(folder), "meta.json needs model and engine_kwargs, config.json "
+                          "nodes[0].instances[0]") from None
+    if kwargs.get("data_parallel_size", 1) != 1:
+        raise ConfigError(str(folder / "vllm" / "meta.json"),
+                          f"data_parallel_size {kwargs['data_parallel_size']}: a multi-replica run "
+                          "(kvsim replays one engine)")
+    model = _model_preset(hf_model, str(folder / "vllm" / "meta.json"))
+    hardware = _hardware_preset(str(instance.get("hardware", "")), str(folder / "config.json"))
+    dataset = _find_upward(folder, str(meta.get("dataset_path", "")))
+    lines = list(json_lines(dataset))
+    rows = list(json_lines(folder / "vllm" / "requests.jsonl"))
+    if len(rows) != len(lines):
+        raise ConfigError(str(folder / "vllm" / "requests.jsonl"),
+                          f"{len(rows)} requests, but the workload {dataset.name} has {len(lines)}")
+    specs, measured = [], []
+    try:
+        q0 = min(r["queued_ts"] for _, r in rows)
+        for (where, r), (wwhere, w) in zip(rows, lines):
+            ids = w.get("input_tok_ids")
+            n = r["output_toks"]
+            if not ids or len(ids) != r["input_toks"] or w.get("output_toks") != n:
+                raise ConfigError(where, f"request {r.get('request_id')!r} does not match its "
+                                  f"workload line {wwhere} (prompt ids and lengths)")
+            specs.append(RequestSpec(req_id=str(r["request_id"]), arrival_s=r["queued_ts"] - q0,
+                                     prompt=ExplicitTokens(tuple(ids)), max_tokens=n))
+            measured.append({
+                "ttft_ms": 1e3 * (r["first_token_ts"] - r["queued_ts"]),
+                "tpot_ms": 1e3 * (r["last_token_ts"] - r["first_token_ts"]) / (n - 1) if n > 1 else None,
+                "latency_ms": 1e3 * (r["last_token_ts"] - r["queued_ts"])})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(str(folder / "vllm" / "requests.jsonl"), f"a request lacks a usable "
+                          f"field ({exc}); expected request_id, input_toks, output_toks, queued_ts, "
+                          "first_token_ts, last_token_ts") from None
+    order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_s)
+    link_bw, link_latency = cluster.get("link_bw"), cluster.get("link_latency", 0)
+    return MeasuredRun(folder, meta, hardware, model, [specs[i] for i in order],
+                       [measured[i] for i in order], read_peer(folder / "validation" / "summary.txt"),
+                       link_bw * 1e9 if link_bw else None, link_latency * 1e-9)
+
+
+def shipped_profile_for(model: str, hardware: str, tp: int) -> str:
+    """The shipped profile measured for ``model`` at ``tp`` on ``hardware``'s GPU."""
+    for name in fitted.shipped_profiles():
+        p = fitted.load_profile(fitted.resolve_profile(name, None))
+        if (p["model"].get("name") == model and p.get("tensor_parallel_size", 1) == tp
+                and _norm(hardware) in _norm(p.get("device", ""))):
+            return name
+    raise ConfigError("--profile", f"no shipped cost profile for {model} at tensor_parallel_size "
+                      f"{tp} on {hardware}; give one with --profile")
+
+
+def scenario_table(run: MeasuredRun, profile: str | None) -> dict:
+    """The kvsim scenario (as a TOML-like table) replaying ``run``."""
+    kw = run.meta["engine_kwargs"]
+    tp = int(kw.get("tensor_parallel_size", 1))
+    engine_keys = {"vllm_version": run.meta["vllm_version"], "tensor_parallel_size": tp,
+                   "max_num_seqs": kw["max_num_seqs"],
+                   "max_num_batched_tokens": kw["max_num_batched_tokens"], **VLLM_DEFAULTS}
+    if kw.get("max_model_len"):
+        engine_keys["max_model_len"] = kw["max_model_len"]
+    if kw.get("kv_cache_dtype", "auto") != "auto":
+        engine_keys["kv_cache_dtype"] = kw["kv_cache_dtype"]
+    hardware = {"preset": run.hardware}
+    if run.link_bandwidth_bytes_per_s:
+        hardware["interconnect_bandwidth_bytes_per_s"] = run.link_bandwidth_bytes_per_s
+        hardware["interconnect_latency_s"] = run.link_latency_s
+    return {"model": {"preset": run.model}, "hardware": hardware,
+            "engine": engine_keys,
+            "cost": {"profile": profile or shipped_profile_for(run.model, run.hardware, tp)},
+            # the requests come from the run; this placeholder only satisfies the schema
+            "workload": {"num_requests": 1}}
+
+
+def _stats(values) -> dict[str, float]:
+    a = np.asarray([v for v in values if v is not None], dtype=float)
+    return {"Mean": float(a.mean()), "Median": float(np.median(a)),
+            "P90": float(np.percentile(a, 90)), "P95": float(np.percentile(a, 95)),
+            "P99": float(np.percentile(a, 99))}
+
+
+def compare(folder: Path, profile: str | None = None, overrides: dict | None = None):
+    """Replay the run with kvsim. Returns (scenario, records, per-request rows, table rows)."""
+    run = load_run(folder)
+    table = scenario_table(run, profile)
+    for section, keys in (overrides or {}).items():
+        table[section] = {**table.get(section, {}), **keys}
+    sc = parse_scenario(table, folder / "vllm" / "meta.json")
+    rec = engine.run(sc, run.specs)
+    rows = []
+    for r, m in zip(rec.requests, run.measured):
+        if r.finish_s is None:
+            raise ConfigError(str(folder), f"kvsim did not finish request {r.req_id} "
+                              f"(stopped by {rec.stopped_by})")
+        n = r.num_output_tokens
+        rows.append({"req_id": r.req_id, "arrival_s": r.arrival_s,
+                     "prompt_tokens": r.num_prompt_tokens, "output_tokens": n,
+                     "kvsim_cached_tokens": r.cached_tokens,
+                     "vllm_ttft_ms": m["ttft_ms"], "kvsim_ttft_ms": 1e3 * (r.first_token_s - r.arrival_s),
+                     "vllm_tpot_ms": m["tpot_ms"],
+                     "kvsim_tpot_ms": 1e3 * (r.finish_s - r.first_token_s) / (n - 1) if n > 1 else None,
+                     "vllm_latency_ms": m["latency_ms"],
+                     "kvsim_latency_ms": 1e3 * (r.finish_s - r.arrival_s)})
+    table = []
+    for metric, key in METRICS:
+        v = _stats(x[f"vllm_{key}"] for x in rows)
+        k = _stats(x[f"kvsim_{key}"] for x in rows)
+        for stat in STATS:
+            peer = run.peer.get((metric, stat)) if run.peer else None
+            table.append({"metric": metric, "stat": stat, "vllm": v[stat], "kvsim": k[stat],
+                          "diff_pct": 100 * (k[stat] / v[stat] - 1), "peer": peer,
+                          "peer_diff_pct": None if peer is None else 100 * (peer / v[stat] - 1)})
+    return sc, rec, rows, table
+
+
+def format_table(table: list[dict], peer_name: str = "peer") -> str:
+    head = f"{'Metric':<16}{'vLLM':>11}{'kvsim':>11}{'Diff%':>9}{peer_name:>11}{'Diff%':>9}"
+    lines = [head, "-" * len(head)]
+    last = None
+    for t in table:
+        if last is not None and t["metric"] != last:
+            lines.append("")
+        last = t["metric"]
+        peer = "" if t["peer"] is None else f"{t['peer']:>11.1f}{t['peer_diff_pct']:>+8.1f}%"
+        lines.append(f"{t['metric'] + ' ' + t['stat']:<16}{t['vllm']:>11.1f}{t['kvsim']:>11.1f}"
+                     f"{t['diff_pct']:>+8.1f}%{peer}")
+    return "\n".join(lines)
+
+
+ROW_COLUMNS = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "kvsim_cached_tokens",
+               "vllm_ttft_ms", "kvsim_ttft_ms", "vllm_tpot_ms", "kvsim_tpot_ms", "vllm_latency_ms",
+               "kvsim_latency_ms")
+
+
+def rows_csv(rows: list[dict]) -> str:
+    """Per request, measured beside predicted."""
+    lines = [",".join(ROW_COLUMNS)]
+    for r in rows:
+        lines.append(",".join("" if r[c] is None else f"{r[c]:.6g}" if isinstance(r[c], float)
+                              else str(r[c]) for c in ROW_COLUMNS))
+    return "\n".join(lines) + "\n"
+
+
+def summary_json(sc, table: list[dict]) -> str:
+    e = sc.engine
+    return json.dumps({"vllm_version": e.vllm_version, "model": sc.model.name,
+                       "hardware": sc.hardware.name, "tensor_parallel_size": e.tensor_parallel_size,
+                       "num_gpu_blocks": e.num_gpu_blocks, "block_size": e.block_size,
+                       "cost_profile": sc.cost.profile, "table": table}, indent=2) + "\n"
+
+
+def plot(rows: list[dict], png: Path) -> None:
+    """Predicted vs measured TTFT (scatter) and the TTFT and latency CDFs."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), constrained_layout=True)
+    vt = np.array([r["vllm_ttft_ms"] for r in rows]) / 1e3
+    kt = np.array([r["kvsim_ttft_ms"] for r in rows]) / 1e3
+    ax = axes[0]
+    ax.scatter(vt, kt, s=8)
+    top = max(vt.max(), kt.max())
+    ax.plot([0, top], [0, top], "k--", lw=0.8)
+    ax.set(xlabel="measured TTFT (s)", ylabel="kvsim TTFT (s)", title="TTFT per request")
+    for ax, key, name in ((axes[1], "ttft_ms", "TTFT"), (axes[2], "latency_ms", "latency")):
+        for who in ("vllm", "kvsim"):
+            v = np.sort([r[f"{who}_{key}"] / 1e3 for r in rows])
+            ax.plot(v, np.arange(1, len(v) + 1) / len(v), label="measured vLLM" if who == "vllm" else who)
+        ax.set(xlabel=f"{name} (s)", ylabel="fraction of requests", title=f"{name} CDF")
+        ax.legend()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
