@@ -1,9 +1,12 @@
 """The ``kvsim`` command line.
 
 ``kvsim run scenario.toml [--out DIR]`` simulates a scenario and writes its results;
-``kvsim calibrate`` fits a cost profile from a torch microbenchmark or imported GPU profiles;
-``kvsim presets`` lists the shipped model and hardware presets; ``kvsim traces`` lists the
-known public traces and downloads one into the trace cache. Bad input prints one line,
+``kvsim compare`` runs a scenario's variants side by side; ``kvsim sweep`` runs a grid of
+them in parallel (local processes or Ray), resumably; ``kvsim report`` writes one HTML page
+for any of these result folders; ``kvsim calibrate`` fits a cost profile from a torch
+microbenchmark or imported GPU profiles; ``kvsim presets`` lists the shipped model and
+hardware presets; ``kvsim traces`` lists the known public traces and downloads one into the
+trace cache. Bad input prints one line,
 ``kvsim: error: <where>: <what>``, and exits with status 2, leaving no result folder behind.
 """
 
@@ -56,6 +59,12 @@ def _default_out(scenario: Path) -> Path:
     return out
 
 
+def _figures(folder: Path) -> None:
+    from kvsim import plots
+
+    plots.write_figures(folder)
+
+
 def cmd_run(args) -> int:
     from kvsim import engine, metrics
     from kvsim.config import load_scenario
@@ -72,7 +81,7 @@ def cmd_run(args) -> int:
         if progress:
             progress.close()
     summary = metrics.summarize(sc, rec)
-    write_results(out, metrics.result_files(sc, rec, summary))
+    write_results(out, metrics.result_files(sc, rec, summary), extra=_figures if args.plots else None)
     if not args.quiet:
         print(metrics.summary_table(summary, str(out)))
     return 0
@@ -106,7 +115,13 @@ def cmd_compare(args) -> int:
             files[f"{compare.slug(name)}/{fname}"] = text
     files["summary.json"] = summary_json({"variants": rows, "verdict": lines})
     cost_labels = [rec.cost_label for _, _, rec, _ in results]
-    write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp / "compare.png", cost_labels))
+
+    def extra(tmp: Path) -> None:
+        compare.plot(rows, tmp / "compare.png", cost_labels)
+        if args.plots:
+            _figures(tmp)
+
+    write_results(out, files, extra=extra)
     if not args.quiet:
         print(compare.table(rows))
         for line in lines:
@@ -132,9 +147,7 @@ def cmd_sweep(args) -> int:
         if progress:
             progress.close()
     if not args.no_plots:
-        from kvsim import plots
-
-        plots.write_figures(out)
+        _figures(out)
     if not args.quiet:
         print(compare.table(rows, first="point"))
         print(f"results in {out} (sweep.csv: one row per point)")
@@ -274,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate a scenario and write its results")
     run.add_argument("scenario", help="scenario TOML file")
     run.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>)")
+    run.add_argument("--plots", action="store_true", help="also draw the figures (PNG and SVG) "
+                     "into <out>/plots")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     run.set_defaults(func=cmd_run)
     cmp = sub.add_parser("compare", help="run a scenario's variants side by side")
@@ -282,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="vary a key (repeatable: the variants are the cartesian product); "
                           "default: speculative decoding on/off x prefix caching on/off")
     cmp.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>-compare)")
+    cmp.add_argument("--plots", action="store_true", help="also draw the per-variant figures "
+                     "(PNG and SVG) into <out>/plots")
     cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     cmp.set_defaults(func=cmd_compare)
     swp = sub.add_parser("sweep", help="run a scenario at every point of a grid of overrides, in "

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import sys
 import time
 import tomllib
@@ -99,7 +100,7 @@ def _name(parts: list[str], taken: set[str]) -> str:
     return name
 
 
-def _check_point(sweep_file: str, raw: dict, path: Path, given: dict, origin: dict) -> str:
+def _check_point(raw: dict, path: Path, given: dict, origin: dict) -> str:
     """Validate one point's scenario; an error about an overridden key names where it was set."""
     try:
         return resolved_toml(parse_scenario(raw, path))
@@ -108,7 +109,7 @@ def _check_point(sweep_file: str, raw: dict, path: Path, given: dict, origin: di
         for key in given:
             section = key.partition(".")[0]
             if at == key or at.startswith((key + "[", key + ".")) or at == f"[{section}]":
-                raise ConfigError(f"{sweep_file}: {origin[key]}", exc.what) from None
+                raise ConfigError(origin[key], exc.what) from None
         point = " ".join(overrides.label(k, v) for k, v in given.items())
         raise ConfigError(exc.where, f"{exc.what} (at the sweep point {point})") from None
 
@@ -135,8 +136,6 @@ def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> S
         explicit = data.get("points", [])
         if not isinstance(explicit, list) or not all(isinstance(p, dict) for p in explicit):
             raise ConfigError(f"{file}: points", "must be a list of tables ([[points]])")
-        if repeats is None:
-            repeats = data.get("repeats", 1)
     elif any(section in SCHEMA for section in data):
         if not grid_args:
             raise ConfigError(file, "a scenario file needs --grid section.key=v1,v2 to make a sweep "
@@ -144,7 +143,7 @@ def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> S
         base, base_path, grid, explicit = data, path, {}, []
     else:
         raise ConfigError(file, "neither a sweep file (no 'scenario' key) nor a scenario")
-    origin = {key: f"grid.{key}" for key in grid}
+    origin = {key: f"{file}: grid.{key}" for key in grid}
     for spec in grid_args:
         section, name, values = overrides.parse(spec)
         key = f"{section}.{name}"
@@ -153,20 +152,23 @@ def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> S
         grid[key], origin[key] = values, f"--grid {key}"
     for key, values in grid.items():
         if not isinstance(values, list):
-            raise ConfigError(f"{file}: {origin[key]}", f"must be a list of values, got {values!r}")
+            raise ConfigError(origin[key], f"must be a list of values, got {values!r}")
         if not values:
-            raise ConfigError(f"{file}: {origin[key]}", "empty list of values")
+            raise ConfigError(origin[key], "empty list of values")
+    where = "--repeats" if repeats is not None else f"{file}: repeats"
+    if repeats is None:
+        repeats = data.get("repeats", 1) if "scenario" in data else 1
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"{file}: repeats", f"must be a positive integer, got {repeats!r}")
+        raise ConfigError(where, f"must be a positive integer, got {repeats!r}")
     if repeats > 1 and ("run.seed" in grid or any("run.seed" in _flat(p, "") for p in explicit)):
-        raise ConfigError(f"{file}: repeats", "the grid sets run.seed itself; give one or the other")
+        raise ConfigError(where, "the grid sets run.seed itself; give one or the other")
     rows = [_flat(p, f"{file}: points[{i}]") for i, p in enumerate(explicit)] or [{}]
     for i, p in enumerate(rows):
         for key in p:
-            origin.setdefault(key, f"points[{i}].{key}")
+            origin.setdefault(key, f"{file}: points[{i}].{key}")
     seed0 = base.get("run", {}).get("seed", 0) if isinstance(base.get("run"), dict) else 0
     seeds = [{"run.seed": seed0 + r} if repeats > 1 else {} for r in range(repeats)]
-    origin.setdefault("run.seed", "repeats")
+    origin.setdefault("run.seed", where)
     combos = [{**p, **dict(zip(grid, values)), **s}
               for p in rows for values in itertools.product(*grid.values()) for s in seeds]
     # Columns: the grid's keys, then the explicit points', then the seed.
@@ -182,7 +184,7 @@ def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> S
             section, _, name = key.partition(".")
             raw = overrides.apply(raw, section, name, value)
         name = _name([_label(k, given[k], ambiguous) for k in keys if k in varying and k in given], taken)
-        points.append(Point(name, given, raw, _check_point(file, raw, base_path, given, origin)))
+        points.append(Point(name, given, raw, _check_point(raw, base_path, given, origin)))
     return Sweep(base_path, tuple(keys), tuple(points))
 
 
@@ -279,6 +281,8 @@ def run(sweep: Sweep, out: Path, backend: str = "local", workers: int | None = N
         raise ConfigError(str(out), "exists and is not a kvsim sweep folder; choose another --out")
     (out / "points").mkdir(parents=True, exist_ok=True)
     (out / "sweep.csv").unlink(missing_ok=True)
+    for partial in (out / "points").glob(".*.partial-*"):  # left by a killed sweep
+        shutil.rmtree(partial, ignore_errors=True)
     write_file(out / "sweep.json", json.dumps({
         "keys": list(sweep.keys),
         "points": [{"name": p.name, "overrides": p.overrides} for p in sweep.points],
