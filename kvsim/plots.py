@@ -59,6 +59,7 @@ def _plt():
 def _save(fig, stem: Path) -> Path:
     stem.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(stem.with_suffix(".png"), dpi=110)
+    fig.set_layout_engine("none")  # keep the layout just computed for the PNG
     fig.savefig(stem.with_suffix(".svg"))
     import matplotlib.pyplot as plt
 
