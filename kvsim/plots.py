@@ -241,6 +241,10 @@ def sweep_metrics(folder: Path, stem: Path) -> Path | None:
             err = [[m - a for m, a in zip(mean, lo)], [b - m for m, b in zip(mean, hi)]]
             ax.errorbar(px, mean, yerr=err, marker="o", ms=3.5, lw=1.2, capsize=2, color=f"C{i % 10}",
                         label=name)
+        low, high = ax.dataLim.y0, ax.dataLim.y1
+        if low > 0 and high / low > 30:  # e.g. TTFT from queueing seconds down to tens of ms
+            ax.set_yscale("log")
+            title += ", log scale"
         ax.set_title(title)
         ax.set_xlabel(x)
         if not numeric:
