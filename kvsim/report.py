@@ -167,8 +167,8 @@ def speculative_notes(runs: list[Run]) -> list[str]:
         if len(found) > 1:
             cuts = [p[0] for p in found]
             head = (f"{method} cut the mean hit length in {len(found)} pairs of runs that differ only in "
-                    f"[speculative], by {_tokens(min(cuts))} to {_tokens(max(cuts))}; most with "
-                    f"{base.label} vs {r.label} ({_num(base.summary['cached_tokens_mean'])} → "
+                    f"[speculative], by {_tokens(min(cuts))} to {_tokens(max(cuts))} (largest: "
+                    f"{base.label} vs {r.label}, {_num(base.summary['cached_tokens_mean'])} → "
                     f"{_num(r.summary['cached_tokens_mean'])})")
         out.append(f"{head}: {_rule(r)}; {detail}.")
     return out
@@ -277,7 +277,7 @@ def _cell(key: str, value: str) -> str:
         return f"{100 * v:.1f}"
     if key in ("mean_cached_tokens", "num_preemptions", "output_tokens_per_s"):
         return f"{v:,.0f}"
-    return f"{v:,.2f}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return f"{v:,.2f}" if abs(v) < 1e3 else f"{v:,.0f}"
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
@@ -334,9 +334,9 @@ def page(folder: Path) -> str:
     if kind == "run":
         parts.append(_run_table(s))
     else:
-        first = "variant" if kind == "compare" else "point"
-        keys = [] if kind == "compare" else json.loads((folder / "sweep.json").read_text())["keys"]
-        parts.append(_table(rows, [first, *keys, *COLUMNS[1:]]))
+        # A sweep's rows are named by their keys' columns (the point names are in sweep.csv).
+        first = ["variant"] if kind == "compare" else json.loads((folder / "sweep.json").read_text())["keys"]
+        parts.append(_table(rows, [*first, *COLUMNS[1:]]))
     parts.append("<h2>Figures</h2>")
     parts += [_figure(p) for p in figures]
     parts.append("<h2>Scenario</h2>")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import sys
@@ -227,12 +228,12 @@ def _ray(tasks: list[tuple[dict, str]], workers: int, address: str | None) -> It
         raise ConfigError("--backend ray", "Ray is not installed: pip install 'kvsim[ray]'") from None
     import kvsim
 
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
     if address:
         # A cluster's workers get this kvsim's code (they need its dependencies installed).
-        ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(kvsim.__file__)]},
-                 log_to_driver=False)
+        ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(kvsim.__file__)]}, **quiet)
     else:
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=workers, include_dashboard=False, **quiet)
     try:
         remote = ray.remote(num_cpus=1)(run_point)
         refs = {remote.remote(*t): i for i, t in enumerate(tasks)}
