@@ -72,6 +72,16 @@ def _thin(xs: list, ys: list) -> tuple[list, list]:
     return xs[::step], ys[::step]
 
 
+def _log(ax, which: str) -> None:
+    """A log scale labelled with plain numbers (50, 100, 2000), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter
+
+    getattr(ax, f"set_{which}scale")("log")
+    axis = getattr(ax, f"{which}axis")
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+
+
 def _legend(ax, n: int) -> None:
     if 1 < n <= 12:
         ax.legend(fontsize=7, frameon=False)
@@ -91,7 +101,7 @@ def ttft_cdf(runs, stem: Path) -> Path | None:
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_xscale("log")
+    _log(ax, "x")
     ax.set(xlabel="TTFT (ms, log scale)", ylabel="fraction of requests", ylim=(0, 1.01),
            title="Time to first token, CDF")
     _legend(ax, drawn)
@@ -193,7 +203,7 @@ def acceptance(runs, stem: Path) -> Path | None:
     return _save(fig, stem)
 
 
-def _number(v: str):
+def number(v: str):
     try:
         return float(v)
     except ValueError:
@@ -206,7 +216,7 @@ def sweep_axes(keys: list[str], rows: list[dict]) -> tuple[str, list[str]] | Non
     varying = [k for k in keys if k != "run.seed" and len({r[k] for r in rows}) > 1]
     if not varying:
         return None
-    numeric = [k for k in varying if all(_number(r[k]) is not None for r in rows)]
+    numeric = [k for k in varying if all(number(r[k]) is not None for r in rows)]
     x = max(numeric or varying, key=lambda k: len({r[k] for r in rows}))
     return x, [k for k in varying if k != x]
 
@@ -219,8 +229,8 @@ def sweep_metrics(folder: Path, stem: Path) -> Path | None:
         return None
     x, line_keys = axes_keys
     xs = list(dict.fromkeys(r[x] for r in rows))
-    numeric = all(_number(v) is not None for v in xs)
-    pos = {v: (_number(v) if numeric else i) for i, v in enumerate(xs)}
+    numeric = all(number(v) is not None for v in xs)
+    pos = {v: (number(v) if numeric else i) for i, v in enumerate(xs)}
     def line_of(r):
         return " ".join(f"{k.partition('.')[2]}={r[k]}" for k in line_keys if r[k] != "") or "all points"
 
@@ -243,7 +253,7 @@ def sweep_metrics(folder: Path, stem: Path) -> Path | None:
                         label=name)
         low, high = ax.dataLim.y0, ax.dataLim.y1
         if low > 0 and high / low > 30:  # e.g. TTFT from queueing seconds down to tens of ms
-            ax.set_yscale("log")
+            _log(ax, "y")
             title += ", log scale"
         ax.set_title(title)
         ax.set_xlabel(x)

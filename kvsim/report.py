@@ -19,11 +19,9 @@ from pathlib import Path
 
 from kvsim import plots, results
 from kvsim.compare import COLUMNS
-from kvsim.config import parse_scenario
+from kvsim.config import EAGLE_METHODS, parse_scenario
 from kvsim.errors import ConfigError
 from kvsim.specdec import spec_setup
-
-EAGLE = ("eagle", "eagle3", "mtp")
 
 
 class Run:
@@ -97,9 +95,6 @@ def run_notes(run: Run) -> list[str]:
         pos = ", ".join(f"{i + 1}: {100 * r:.0f} %" for i, r in enumerate(sd["acceptance_rate_per_pos"]))
         out.append(f"{sd['method']} (k = {sd['num_speculative_tokens']}): mean acceptance length "
                    f"{sd['mean_acceptance_length']:.2f}; accepted by position {pos}.")
-    if "uncalibrated" in s["cost_model"]:
-        out.append("Times come from the uncalibrated roofline cost model: compare them between "
-                   "variants rather than with a GPU (kvsim calibrate fits a profile).")
     return out
 
 
@@ -143,7 +138,7 @@ def speculative_notes(runs: list[Run]) -> list[str]:
         before = {q["req_id"]: int(q["cached_tokens"] or 0) for q in base.requests()}
         for r in members:
             method = r.resolved["speculative"]["method"]
-            if method not in EAGLE:
+            if method not in EAGLE_METHODS:
                 continue
             after = {q["req_id"]: int(q["cached_tokens"] or 0) for q in r.requests()}
             lost = [before[k] - after[k] for k in before if k in after and after[k] < before[k]]
@@ -180,7 +175,7 @@ def threshold_notes(keys: list[str], rows: list[dict]) -> list[str]:
     if axes is None:
         return []
     x, line_keys = axes
-    if not all(plots._number(r[x]) is not None for r in rows):
+    if not all(plots.number(r[x]) is not None for r in rows):
         return []
     out = []
     for name in dict.fromkeys(tuple(r[k] for k in line_keys) for r in rows):
@@ -215,8 +210,9 @@ def best_notes(rows: list[dict], first: str) -> list[str]:
 
 
 def notes(kind: str, runs: list[Run], rows: list[dict], folder: Path) -> list[str]:
+    """Everything kvsim notices about a result folder, as plain sentences."""
     if kind == "run":
-        return run_notes(runs[0])
+        return run_notes(runs[0]) + _cost_note(runs)
     out = speculative_notes(runs)
     if kind == "sweep":
         keys = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))["keys"]
@@ -225,10 +221,14 @@ def notes(kind: str, runs: list[Run], rows: list[dict], folder: Path) -> list[st
     preempting = [r.label for r in runs if r.summary["num_preemptions"]]
     if preempting and len(preempting) < len(runs):
         out.append(f"{len(preempting)} of {len(runs)} runs preempt requests.")
+    return out + _cost_note(runs)
+
+
+def _cost_note(runs: list[Run]) -> list[str]:
     if any("uncalibrated" in r.summary["cost_model"] for r in runs):
-        out.append("Times come from the uncalibrated roofline cost model: compare them between "
-                   "variants rather than with a GPU (kvsim calibrate fits a profile).")
-    return out
+        return ["Times come from the uncalibrated roofline cost model: compare them between "
+                "variants rather than with a GPU (kvsim calibrate fits a profile)."]
+    return []
 
 
 # -- the page ----------------------------------------------------------------------------

@@ -115,12 +115,9 @@ def _check_point(raw: dict, path: Path, given: dict, origin: dict) -> str:
         raise ConfigError(exc.where, f"{exc.what} (at the sweep point {point})") from None
 
 
-def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> Sweep:
-    """Read a sweep file, or a scenario file with ``--grid`` axes; validate every point.
-
-    Raises ConfigError naming the key (unknown key, empty value list, wrong type, ...).
-    """
-    data = _read_toml(path)
+def _source(path: Path, data: dict, grid_args: list[str]) -> tuple[dict, Path, dict, list]:
+    """The base scenario table, the path its relative paths resolve against, the file's grid
+    (``section.key`` -> values) and its explicit points."""
     file = path.name
     if "scenario" in data:
         for name in data:
@@ -133,18 +130,27 @@ def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> S
         elif not isinstance(base, dict):
             raise ConfigError(f"{file}: scenario",
                               "give a scenario file's path or an inline [scenario] table")
-        grid = _flat(data.get("grid", {}), f"{file}: grid")
         explicit = data.get("points", [])
         if not isinstance(explicit, list) or not all(isinstance(p, dict) for p in explicit):
             raise ConfigError(f"{file}: points", "must be a list of tables ([[points]])")
-    elif any(section in SCHEMA for section in data):
+        return base, base_path, _flat(data.get("grid", {}), f"{file}: grid"), explicit
+    if any(section in SCHEMA for section in data):
         if not grid_args:
             raise ConfigError(file, "a scenario file needs --grid section.key=v1,v2 to make a sweep "
                               "(or write a sweep file: docs/sweep.md)")
-        base, base_path, grid, explicit = data, path, {}, []
-    else:
-        raise ConfigError(file, "neither a sweep file (no 'scenario' key) nor a scenario")
-    origin = {key: f"{file}: grid.{key}" for key in grid}
+        return data, path, {}, []
+    raise ConfigError(file, "neither a sweep file (no 'scenario' key) nor a scenario")
+
+
+def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> Sweep:
+    """Read a sweep file, or a scenario file with ``--grid`` axes; validate every point.
+
+    Raises ConfigError naming the key (unknown key, empty value list, wrong type, ...).
+    """
+    data = _read_toml(path)
+    file = path.name
+    base, base_path, grid, explicit = _source(path, data, grid_args)
+    origin = {key: f"{file}: grid.{key}" for key in grid}  # where each key was set, for errors
     for spec in grid_args:
         section, name, values = overrides.parse(spec)
         key = f"{section}.{name}"
@@ -156,23 +162,32 @@ def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> S
             raise ConfigError(origin[key], f"must be a list of values, got {values!r}")
         if not values:
             raise ConfigError(origin[key], "empty list of values")
+    rows = [_flat(p, f"{file}: points[{i}]") for i, p in enumerate(explicit)] or [{}]
+    for i, p in enumerate(rows):
+        for key in p:
+            if key in grid:
+                raise ConfigError(f"{file}: points[{i}].{key}", f"the grid varies {key} already")
+            origin.setdefault(key, f"{file}: points[{i}].{key}")
     where = "--repeats" if repeats is not None else f"{file}: repeats"
     if repeats is None:
         repeats = data.get("repeats", 1) if "scenario" in data else 1
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(where, f"must be a positive integer, got {repeats!r}")
-    if repeats > 1 and ("run.seed" in grid or any("run.seed" in _flat(p, "") for p in explicit)):
-        raise ConfigError(where, "the grid sets run.seed itself; give one or the other")
-    rows = [_flat(p, f"{file}: points[{i}]") for i, p in enumerate(explicit)] or [{}]
-    for i, p in enumerate(rows):
-        for key in p:
-            origin.setdefault(key, f"{file}: points[{i}].{key}")
-    seed0 = base.get("run", {}).get("seed", 0) if isinstance(base.get("run"), dict) else 0
-    seeds = [{"run.seed": seed0 + r} if repeats > 1 else {} for r in range(repeats)]
+    if repeats > 1 and "run.seed" in origin:
+        raise ConfigError(where, "the sweep sets run.seed itself; give one or the other")
     origin.setdefault("run.seed", where)
+    run_table = base.get("run")
+    seed0 = run_table.get("seed", 0) if isinstance(run_table, dict) else 0
+    seeds = [{"run.seed": seed0 + r} if repeats > 1 else {} for r in range(repeats)]
     combos = [{**p, **dict(zip(grid, values)), **s}
               for p in rows for values in itertools.product(*grid.values()) for s in seeds]
-    # Columns: the grid's keys, then the explicit points', then the seed.
+    return Sweep(base_path, *_points(base, base_path, grid, rows, combos, origin))
+
+
+def _points(base: dict, base_path: Path, grid: dict, rows: list[dict], combos: list[dict],
+            origin: dict) -> tuple[tuple[str, ...], tuple[Point, ...]]:
+    """The table's key columns (the grid's, the explicit points', the seed) and the points,
+    each named by its values of the keys that vary and validated."""
     keys = [k for k in dict.fromkeys([*grid, *(k for p in rows for k in p)]) if k != "run.seed"]
     keys.append("run.seed")
     shorts = [k.partition(".")[2] for k in keys]
@@ -186,7 +201,7 @@ def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> S
             raw = overrides.apply(raw, section, name, value)
         name = _name([_label(k, given[k], ambiguous) for k in keys if k in varying and k in given], taken)
         points.append(Point(name, given, raw, _check_point(raw, base_path, given, origin)))
-    return Sweep(base_path, tuple(keys), tuple(points))
+    return tuple(keys), tuple(points)
 
 
 # -- running -----------------------------------------------------------------------------

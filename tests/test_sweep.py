@@ -234,3 +234,18 @@ def test_load_rejects_unknown_sweep_keys(tmp_path):
     path = write(tmp_path, 'scenario = "base.toml"\nrepeat = 2\n')
     with pytest.raises(ConfigError, match="unknown sweep key"):
         sweep.load(path)
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ('scenario = "base.toml"\n[grid]\nengine.block_size = [16]\n[[points]]\nengine.block_size = 32\n',
+     "sweep.toml: points[0].engine.block_size", "the grid varies engine.block_size already"),
+    ('scenario = "base.toml"\nrepeats = 2\n[grid]\nrun.seed = [1, 2]\n',
+     "sweep.toml: repeats", "the sweep sets run.seed itself"),
+    # The error is about a key the point leaves out: it names that key and the point.
+    ('scenario = "base.toml"\n[[points]]\nspeculative.method = "mtp"\n',
+     "base.toml: speculative.num_speculative_tokens", "(at the sweep point speculative.method=mtp)"),
+])
+def test_conflicting_sweep_keys(tmp_path, text, where, what):
+    with pytest.raises(ConfigError) as err:
+        sweep.load(write(tmp_path, text))
+    assert err.value.where == where and what in err.value.what
