@@ -6,8 +6,8 @@ them in parallel (local processes or Ray), resumably; ``kvsim report`` writes on
 for any of these result folders; ``kvsim calibrate`` fits a cost profile from a torch
 microbenchmark or imported GPU profiles; ``kvsim presets`` lists the shipped model and
 hardware presets; ``kvsim traces`` lists the known public traces and downloads one into the
-trace cache. Bad input prints one line,
-``kvsim: error: <where>: <what>``, and exits with status 2, leaving no result folder behind.
+trace cache. Bad input prints one line, ``kvsim: error: <where>: <what>``, and exits with
+status 2, leaving no result folder behind.
 """
 
 from __future__ import annotations

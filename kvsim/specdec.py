@@ -80,12 +80,12 @@ class Acceptance:
         self._rngs: dict[int, random.Random] = {}
         # With ``record``: request index -> accepted count at each verify step (validation).
         self.log: dict[int, list[int]] | None = {} if record else None
-        # (drafts verified, drafts accepted) -> verify steps, for acceptance by position.
-        self.outcomes: Counter[tuple[int, int]] = Counter()
+        # Drafts accepted -> verify steps that accepted that many (acceptance by position).
+        self.outcomes: Counter[int] = Counter()
 
     def __call__(self, req: Request, num_drafts: int) -> int:
         accepted = self._draw(req, num_drafts)
-        self.outcomes[num_drafts, accepted] += 1
+        self.outcomes[accepted] += 1
         if self.log is not None:
             self.log.setdefault(req.seq, []).append(accepted)
         return accepted
@@ -107,7 +107,7 @@ class Acceptance:
 
     def accepted_per_pos(self, k: int) -> list[int]:
         """vLLM's ``num_accepted_tokens_per_pos``: verify steps whose draft i was accepted."""
-        return [sum(n for (_, a), n in self.outcomes.items() if a > i) for i in range(k)]
+        return [sum(n for a, n in self.outcomes.items() if a > i) for i in range(k)]
 
     def forget(self, req: Request) -> None:
         """Drop a finished request's random stream."""
