@@ -1,26 +1,25 @@
 """The ``kvsim`` command line.
 
 ``kvsim run scenario.toml [--out DIR]`` simulates a scenario and writes its results;
-``kvsim calibrate`` fits a cost profile from a torch microbenchmark or imported GPU profiles;
-``kvsim presets`` lists the shipped model and hardware presets; ``kvsim traces`` lists the
-known public traces and downloads one into the trace cache. Bad input prints one line,
-``kvsim: error: <where>: <what>``, and exits with status 2, leaving no result folder behind.
+``kvsim compare`` runs a scenario's variants side by side; ``kvsim sweep`` runs a grid of
+them in parallel (local processes or Ray), resumably; ``kvsim report`` writes one HTML page
+for any of these result folders; ``kvsim calibrate`` fits a cost profile from a torch
+microbenchmark or imported GPU profiles; ``kvsim presets`` lists the shipped model and
+hardware presets; ``kvsim traces`` lists the known public traces and downloads one into the
+trace cache. Bad input prints one line, ``kvsim: error: <where>: <what>``, and exits with
+status 2, leaving no result folder behind.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from kvsim import __version__, presets
 from kvsim.errors import ConfigError
-
-RESULT_FILES = ("requests.csv", "steps.csv", "summary.json", "scenario.resolved.toml")
+from kvsim.results import write_results
 
 
 class _Progress:
@@ -61,35 +60,15 @@ def _default_out(name: str) -> Path:
     return out
 
 
-def _write_results(out: Path, files: dict[str, str], extra=None) -> None:
-    """Write into a temporary sibling folder, then rename: a folder named ``out`` is complete.
+def _figures(folder: Path) -> None:
+    from kvsim import plots
 
-    ``files`` maps relative paths to text; ``extra(tmp_dir)`` may write more (figures).
-    """
-    if out.exists() and (not out.is_dir() or not (out / "summary.json").exists()):
-        raise ConfigError(str(out), "exists and is not a kvsim result folder; choose another --out")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    except OSError as exc:
-        raise ConfigError(str(out), f"cannot create the result folder: {exc.strerror or exc}") from None
-    try:
-        for name, text in files.items():
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_text(text, encoding="utf-8")
-        if extra is not None:
-            extra(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    plots.write_figures(folder)
 
 
 def cmd_run(args) -> int:
     from kvsim import engine, metrics
-    from kvsim.config import load_scenario, resolved_toml
+    from kvsim.config import load_scenario
     from kvsim.workload import build_requests
 
     path = Path(args.scenario)
@@ -103,12 +82,7 @@ def cmd_run(args) -> int:
         if progress:
             progress.close()
     summary = metrics.summarize(sc, rec)
-    _write_results(out, {
-        "requests.csv": metrics.requests_csv(rec),
-        "steps.csv": metrics.steps_csv(rec),
-        "summary.json": metrics.summary_json(summary),
-        "scenario.resolved.toml": resolved_toml(sc),
-    })
+    write_results(out, metrics.result_files(sc, rec, summary), extra=_figures if args.plots else None)
     if not args.quiet:
         print(metrics.summary_table(summary, str(out)))
     return 0
@@ -117,7 +91,7 @@ def cmd_run(args) -> int:
 def cmd_compare(args) -> int:
     import tomllib
 
-    from kvsim import compare
+    from kvsim import compare, metrics
     from kvsim.metrics import summary_json
 
     path = Path(args.scenario)
@@ -138,16 +112,57 @@ def cmd_compare(args) -> int:
     out = Path(args.out) if args.out else _default_out(path.stem + "-compare")
     files = {"compare.csv": compare.csv_text(rows)}
     for name, sc, rec, summary in results:
-        for fname, text in compare.variant_files(sc, rec, summary).items():
+        for fname, text in metrics.result_files(sc, rec, summary).items():
             files[f"{compare.slug(name)}/{fname}"] = text
     files["summary.json"] = summary_json({"variants": rows, "verdict": lines})
     cost_labels = [rec.cost_label for _, _, rec, _ in results]
-    _write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp / "compare.png", cost_labels))
+
+    def extra(tmp: Path) -> None:
+        compare.plot(rows, tmp / "compare.png", cost_labels)
+        if args.plots:
+            _figures(tmp)
+
+    write_results(out, files, extra=extra)
     if not args.quiet:
         print(compare.table(rows))
         for line in lines:
             print(line)
         print(f"results in {out}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from kvsim import compare, sweep
+
+    path = Path(args.sweep)
+    sw = sweep.load(path, args.grid or [], args.repeats)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError("--workers", f"must be at least 1, got {args.workers}")
+    if args.address and args.backend != "ray":
+        raise ConfigError("--address", "is for --backend ray")
+    out = Path(args.out) if args.out else Path("kvsim-out") / path.stem
+    progress = None if args.quiet else sweep.Progress(sys.stderr)
+    try:
+        rows = sweep.run(sw, out, args.backend, args.workers, args.address, progress)
+    finally:
+        if progress:
+            progress.close()
+    if not args.no_plots:
+        _figures(out)
+    if not args.quiet:
+        print(compare.table(rows, first="point"))
+        print(f"results in {out} (sweep.csv: one row per point)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from kvsim import report
+
+    folder = Path(args.run_dir)
+    out = Path(args.out) if args.out else folder / "report.html"
+    report.write(folder, out)
+    if not args.quiet:
+        print(f"report {out}")
     return 0
 
 
@@ -178,7 +193,7 @@ def _validate_measured(args) -> int:
     out = Path(args.out) if args.out else _default_out(folder.resolve().name + "-validate")
     files = {"validate.csv": measured.rows_csv(rows),
              "summary.json": measured.summary_json(sc, table)}
-    _write_results(out, files, extra=lambda tmp: measured.plot(rows, tmp / "validate.png"))
+    write_results(out, files, extra=lambda tmp: measured.plot(rows, tmp / "validate.png"))
     e = sc.engine
     print(f"kvsim vs measured vLLM {e.vllm_version} run {folder.resolve().name}: {len(rows)} "
           f"requests; {sc.model.name} on {sc.hardware.name}, tp {e.tensor_parallel_size}, "
@@ -297,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate a scenario and write its results")
     run.add_argument("scenario", help="scenario TOML file")
     run.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>)")
+    run.add_argument("--plots", action="store_true", help="also draw the figures (PNG and SVG) "
+                     "into <out>/plots")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     run.set_defaults(func=cmd_run)
     cmp = sub.add_parser("compare", help="run a scenario's variants side by side")
@@ -305,8 +322,33 @@ def build_parser() -> argparse.ArgumentParser:
                      help="vary a key (repeatable: the variants are the cartesian product); "
                           "default: speculative decoding on/off x prefix caching on/off")
     cmp.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>-compare)")
+    cmp.add_argument("--plots", action="store_true", help="also draw the per-variant figures "
+                     "(PNG and SVG) into <out>/plots")
     cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     cmp.set_defaults(func=cmd_compare)
+    swp = sub.add_parser("sweep", help="run a scenario at every point of a grid of overrides, in "
+                         "parallel; resumable")
+    swp.add_argument("sweep", help="sweep file (docs/sweep.md), or a scenario file with --grid")
+    swp.add_argument("--grid", action="append", metavar="SECTION.KEY=V1,V2",
+                     help="vary a key (repeatable; the points are the cartesian product)")
+    swp.add_argument("--repeats", type=int, help="seeds per point: run.seed, run.seed + 1, ... "
+                     "(default: the sweep file's repeats, else 1)")
+    swp.add_argument("--backend", choices=("local", "ray"), default="local",
+                     help="local processes (default) or Ray tasks (pip install 'kvsim[ray]')")
+    swp.add_argument("--workers", type=int, help="parallel points (default: all cores; with Ray "
+                     "started here, its CPUs)")
+    swp.add_argument("--address", help="Ray cluster to join (ray.init(address=...)); default: "
+                     "start Ray on this machine")
+    swp.add_argument("--out", help="sweep folder; rerunning into it resumes (default: "
+                     "kvsim-out/<sweep file name>)")
+    swp.add_argument("--no-plots", action="store_true", help="write no figures")
+    swp.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
+    swp.set_defaults(func=cmd_sweep)
+    rep = sub.add_parser("report", help="one self-contained HTML page for a run, comparison or sweep")
+    rep.add_argument("run_dir", help="a result folder of kvsim run, compare or sweep")
+    rep.add_argument("--out", help="HTML file (default: RUN_DIR/report.html)")
+    rep.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    rep.set_defaults(func=cmd_report)
     val = sub.add_parser("validate", help="check a scenario against vLLM's own Scheduler, or "
                          "kvsim's predictions against a measured vLLM run")
     val.add_argument("scenario", metavar="TARGET", help="scenario TOML file (vllm-scheduler) or "

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from kvsim import engine, metrics, overrides
-from kvsim.config import parse_scenario, resolved_toml
+from kvsim.config import parse_scenario
 from kvsim.errors import ConfigError
 from kvsim.workload import build_requests
 
@@ -106,12 +106,12 @@ def verdict(rows: list[dict], default: bool) -> list[str]:
     return lines
 
 
-def table(rows: list[dict]) -> str:
-    heads = ("variant", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2E mean s", "req/s",
+def table(rows: list[dict], first: str = "variant") -> str:
+    heads = (first, "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2E mean s", "req/s",
              "hit rate %", "mean hit", "preempt", "accept len")
-    keys = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
+    keys = (first, "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
             "prefix_cache_hit_rate", "mean_cached_tokens", "num_preemptions", "mean_acceptance_length")
-    width = max(len(heads[0]), *(len(r["variant"]) for r in rows))
+    width = max(len(heads[0]), *(len(r[first]) for r in rows))
 
     def cell(k, v):
         if v is None:
@@ -123,17 +123,17 @@ def table(rows: list[dict]) -> str:
         return f"{v:.2f}" if isinstance(v, float) else str(v)
     lines = [f"{heads[0]:<{width}}" + "".join(f"{h:>12}" for h in heads[1:])]
     for r in rows:
-        lines.append(f"{r['variant']:<{width}}" + "".join(f"{cell(k, r[k]):>12}" for k in keys[1:]))
+        lines.append(f"{r[first]:<{width}}" + "".join(f"{cell(k, r[k]):>12}" for k in keys[1:]))
     return "\n".join(lines)
 
 
-def csv_text(rows: list[dict]) -> str:
+def csv_text(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(COLUMNS)
+    w.writerow(columns)
     for r in rows:
         w.writerow(["" if r[c] is None else (f"{r[c]:.9g}" if isinstance(r[c], float) else r[c])
-                    for c in COLUMNS])
+                    for c in columns])
     return buf.getvalue()
 
 
@@ -168,7 +168,3 @@ def plot(rows: list[dict], png: Path, cost_labels: list[str]) -> None:
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", name).strip("_") or "variant"
 
-
-def variant_files(sc, rec, summary) -> dict[str, str]:
-    return {"requests.csv": metrics.requests_csv(rec), "steps.csv": metrics.steps_csv(rec),
-            "summary.json": metrics.summary_json(summary), "scenario.resolved.toml": resolved_toml(sc)}

@@ -56,6 +56,8 @@ class Records:
     # algorithm deadlocks (nothing can be scheduled, requests left).
     stopped_by: str | None = None
     cost_label: str = ""
+    # vLLM's num_accepted_tokens_per_pos (speculative decoding only).
+    accepted_per_pos: list[int] | None = None
 
 
 def build_scheduler(sc: Scenario) -> Scheduler:
@@ -91,6 +93,8 @@ def run(sc: Scenario, specs: list[RequestSpec], check_invariants: bool = False,
     env = simpy.Environment()
     env.process(_engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress))
     env.run()
+    if accept is not None:
+        rec.accepted_per_pos = accept.accepted_per_pos(sc.speculative.num_speculative_tokens)
     return rec
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, fields
 import numpy as np
 
 from kvsim import __version__
-from kvsim.config import Scenario
+from kvsim.config import Scenario, resolved_toml
 from kvsim.engine import Records, StepRecord
 
 REQUEST_COLUMNS = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "cached_tokens",
@@ -137,8 +137,17 @@ def _spec_summary(sc: Scenario, rec: Records) -> dict | None:
         "num_accepted_tokens": accepted,
         "acceptance_rate": accepted / drafts if drafts else None,
         "mean_acceptance_length": 1 + accepted / verifies if verifies else None,
+        # vLLM's per-position counters: position i accepted, of all verify steps.
+        "num_accepted_tokens_per_pos": rec.accepted_per_pos,
+        "acceptance_rate_per_pos": [a / verifies for a in rec.accepted_per_pos] if verifies else None,
         "draft_time_s": sum(s.draft_s for s in rec.steps),
     }
+
+
+def result_files(sc: Scenario, rec: Records, summary: dict) -> dict[str, str]:
+    """A run folder's files (``kvsim.results.RESULT_FILES``) as text."""
+    return {"requests.csv": requests_csv(rec), "steps.csv": steps_csv(rec),
+            "summary.json": summary_json(summary), "scenario.resolved.toml": resolved_toml(sc)}
 
 
 def summary_json(summary: dict) -> str:

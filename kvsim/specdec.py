@@ -15,6 +15,7 @@ chosen vLLM release (lookahead slots, draft input slots, the EAGLE prefix rule);
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 from kvsim.config import Scenario, SpecCfg
@@ -79,9 +80,12 @@ class Acceptance:
         self._rngs: dict[int, random.Random] = {}
         # With ``record``: request index -> accepted count at each verify step (validation).
         self.log: dict[int, list[int]] | None = {} if record else None
+        # Drafts accepted -> verify steps that accepted that many (acceptance by position).
+        self.outcomes: Counter[int] = Counter()
 
     def __call__(self, req: Request, num_drafts: int) -> int:
         accepted = self._draw(req, num_drafts)
+        self.outcomes[accepted] += 1
         if self.log is not None:
             self.log.setdefault(req.seq, []).append(accepted)
         return accepted
@@ -100,6 +104,10 @@ class Acceptance:
         while accepted < num_drafts and rng.random() < rates[min(accepted, last)]:
             accepted += 1
         return accepted
+
+    def accepted_per_pos(self, k: int) -> list[int]:
+        """vLLM's ``num_accepted_tokens_per_pos``: verify steps whose draft i was accepted."""
+        return [sum(n for a, n in self.outcomes.items() if a > i) for i in range(k)]
 
     def forget(self, req: Request) -> None:
         """Drop a finished request's random stream."""

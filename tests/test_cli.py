@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.cli import RESULT_FILES, main
+from kvsim.cli import main
+from kvsim.results import RESULT_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,70 @@
+"""Result folders: written whole by one rename, and recognised when read back.
+
+A run folder holds ``RESULT_FILES``; a comparison adds ``compare.csv`` and one run folder per
+variant; a sweep holds ``sweep.json``, one run folder per point under ``points/`` and, once
+every point has run, ``sweep.csv``. A folder named as the result is complete: it is written
+under a temporary name and renamed into place, so an interrupted write leaves nothing that
+looks like a result.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from kvsim.errors import ConfigError
+
+RESULT_FILES = ("requests.csv", "steps.csv", "summary.json", "scenario.resolved.toml")
+
+
+def write_results(out: Path, files: dict[str, str], extra=None) -> None:
+    """Write into a temporary sibling folder, then rename: a folder named ``out`` is complete.
+
+    ``files`` maps relative paths to text; ``extra(tmp_dir)`` may write more (figures). An
+    existing result folder ``out`` is replaced; any other existing ``out`` raises ConfigError.
+    """
+    if out.exists() and (not out.is_dir() or not (out / "summary.json").exists()):
+        raise ConfigError(str(out), "exists and is not a kvsim result folder; choose another --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as exc:
+        raise ConfigError(str(out), f"cannot create the result folder: {exc.strerror or exc}") from None
+    try:
+        for name, text in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text, encoding="utf-8")
+        if extra is not None:
+            extra(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write one file under a temporary name and rename it into place."""
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def kind(folder: Path) -> str:
+    """``"sweep"``, ``"compare"`` or ``"run"``; raises ConfigError for anything else."""
+    if not folder.is_dir():
+        raise ConfigError(str(folder), "no such result folder")
+    if (folder / "sweep.json").is_file():
+        if not (folder / "sweep.csv").is_file():
+            raise ConfigError(str(folder), "the sweep has not finished (no sweep.csv); run kvsim "
+                              "sweep again to resume it")
+        return "sweep"
+    if (folder / "compare.csv").is_file():
+        return "compare"
+    if all((folder / f).is_file() for f in RESULT_FILES):
+        return "run"
+    raise ConfigError(str(folder), "not a kvsim result folder (no summary.json, compare.csv or "
+                      "sweep.json)")
