@@ -29,8 +29,9 @@ What the router sees of a replica (``Replica``), as a real router would:
   events' delivery lag; an approximate index (SGLang's router, llm-d's estimated scorer: the
   prefixes the router sent, not what the replica kept) is not modelled.
 
-Block hashes are comparable across replicas because every replica hashes in one id space
-(``share_hashes``), as vLLM's content hashes are equal on every replica of a deployment.
+Block hashes are comparable across replicas because every replica that caches hashes in one
+id space (``share_hashes``), as vLLM's content hashes are equal on every replica of a
+deployment.
 """
 
 from __future__ import annotations
@@ -182,8 +183,11 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
     n = sc.cluster.replicas
     scenarios = [sc.replica(i) for i in range(n)]
     replicas = [Replica(i, build_scheduler(s)) for i, s in enumerate(scenarios)]
-    for rep in replicas[1:]:
-        rep.sched.kv.share_hashes(replicas[0].sched.kv)
+    # One hash id space for the replicas that cache (one with caching off never hashes, and
+    # its hashes may be keyed differently: no lookahead hashes without caching).
+    caching = [rep.sched.kv for rep in replicas if rep.sched.kv.enable_caching]
+    for kv in caching[1:]:
+        kv.share_hashes(caching[0])
     router = Router(sc.cluster, replicas, requests, sc.run.seed)
     recs = [Records(requests=rep.requests) for rep in replicas]
     if progress is not None:

@@ -3,9 +3,9 @@
 A scenario has the sections ``[model]``, ``[hardware]``, ``[engine]``, ``[speculative]``,
 ``[workload]``, ``[cost]``, ``[run]`` and, for several replicas behind a router,
 ``[cluster]``. Engine keys carry vLLM's engine-argument names and take vLLM's default for the
-chosen ``vllm_version`` when left out. Every key is declared once
-in ``SCHEMA`` below, with its type, default and meaning; ``docs/scenario.md`` is checked
-against it. Bad input raises ``ConfigError`` naming the key.
+chosen ``vllm_version`` when left out. Every key is declared once in ``SCHEMA`` below, with
+its type, default and meaning; ``docs/scenario.md`` is checked against it. Bad input raises
+``ConfigError`` naming the key.
 """
 
 from __future__ import annotations
@@ -504,9 +504,9 @@ def _check_deployments(where: str, value: Any) -> tuple:
             if name == "replicas":
                 continue
             if name in SHARED_ENGINE_KEYS:
-                raise ConfigError(f"{w}.{name}", "every replica shares vllm_version, block_size and "
-                                  "kv_groups (a router compares block hashes across replicas); "
-                                  "set it in [engine]")
+                raise ConfigError(f"{w}.{name}", f"every replica shares {', '.join(SHARED_ENGINE_KEYS)}"
+                                  " (a router compares block hashes across replicas); set it in "
+                                  "[engine]")
             if name not in engine_keys:
                 raise ConfigError(f"{w}.{name}", "unknown key (a deployment takes replicas and "
                                   f"[engine] keys){_suggest(name, ['replicas', *engine_keys])}")

@@ -38,7 +38,7 @@ def variant(**sections):
 
 # Plain scenarios a one-replica cluster must reproduce: synchronous and asynchronous
 # scheduling, preemptions (a tight pool), EAGLE / ngram drafting, a hybrid layout, an older
-# release, priority scheduling, generators with and without session ids.
+# release, a Mamba group, priority scheduling, generators with and without session ids.
 PLAIN = {
     "sync_preempting": variant(engine={"async_scheduling": False}),
     "async_eagle_multi_turn": variant(
@@ -53,6 +53,10 @@ PLAIN = {
                 "kv_groups": [{"kind": "full_attention", "block_size": 32},
                               {"kind": "sliding_window", "block_size": 16, "sliding_window": 64}]},
         speculative={"method": "eagle", "num_speculative_tokens": 1}),
+    "mamba_align": variant(
+        workload={"generator": "multi_turn", "turns": 3, "think_time_s": 0.2, "num_requests": 24},
+        engine={"num_gpu_blocks": 200, "kv_groups": [{"kind": "full_attention", "block_size": 64},
+                                                     {"kind": "mamba", "block_size": 64}]}),
     "priority_rag": variant(
         workload={"generator": "rag", "num_documents": 20, "documents_per_request": 2,
                   "document_tokens": 128}, engine={"scheduling_policy": "priority"}),
@@ -359,6 +363,19 @@ def _toml(raw):
             lines.append("[[cluster.deployment]]")
             lines += [f"{k} = {json.dumps(v)}" for k, v in d.items()]
     return "\n".join(lines) + "\n"
+
+
+def test_a_replica_without_prefix_caching_joins_a_prefix_aware_cluster():
+    # 0.33 EAGLE hashes blocks with one token of lookahead, but only where caching is on.
+    raw = variant(engine={"num_gpu_blocks": 400},
+                  speculative={"method": "eagle", "num_speculative_tokens": 2},
+                  cluster={"router": "prefix_aware", "deployment": [
+                      {"replicas": 2}, {"enable_prefix_caching": False}]})
+    _, rec = run(raw)
+    off = [r for r in rec.requests if r.replica == 2]
+    assert off and all(r.cached_tokens == 0 for r in off)
+    assert any(r.cached_tokens for r in rec.requests if r.replica != 2)
+    assert rec.replicas[2].steps and all(s.prefix_cache_queries == 0 for s in rec.replicas[2].steps)
 
 
 def test_compare_varies_cluster_keys(tmp_path):
