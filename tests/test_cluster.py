@@ -420,6 +420,15 @@ def test_bad_cluster_config_one_line_exit_2(tmp_path, capsys, cluster, where):
     assert not out.exists()
 
 
+def test_validate_refuses_a_cluster(tmp_path, capsys):
+    p = tmp_path / "s.toml"
+    p.write_text(_toml(variant(cluster={"replicas": 2})))
+    assert main(["validate", str(p)]) == 2
+    assert capsys.readouterr().err == ("kvsim: error: s.toml: [cluster]: validate checks one engine "
+                                       "against vLLM's Scheduler; remove the section (each replica "
+                                       "is such an engine)\n")
+
+
 def test_the_mooncake_cluster_scenario_parses_up_to_its_trace(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSIM_TRACE_DIR", str(tmp_path))  # an empty trace cache
     with pytest.raises(ConfigError, match="workload.trace"):
