@@ -102,6 +102,15 @@ def test_round_robin_replicas_run_like_separate_engines():
     assert len(rec.steps) == len(rec.replicas[0].steps) + len(rec.replicas[1].steps)
 
 
+def test_progress_adds_the_replicas_up():
+    sc = parse_scenario(variant(cluster={"replicas": 3}))
+    calls = []
+    rec = engine.run(sc, build_requests(sc), progress=lambda *a: calls.append(a))
+    assert [c[0] for c in calls] == [256 * (i + 1) for i in range(len(rec.steps) // 256)]
+    assert all(c[3] == 40 for c in calls) and calls[-1][2] <= 40
+    assert [c[2] for c in calls] == sorted(c[2] for c in calls)
+
+
 # -- policies on hand-built replicas --------------------------------------------------------
 
 
