@@ -10,8 +10,9 @@ Routing is lazy but exact: replica state changes only at engine events (a step p
 step's outcome applied), so the state at an arrival instant ``a`` is the state just before the
 first event at or after ``a``. Every replica loop asks the router to route what has arrived
 before it changes anything (``RoutedArrivals.advance`` / ``arrived``), and an idle replica
-sleeps until the next arrival, whoever gets it. With one replica this is the plain engine loop
-(same admission times, same output); a router decides between events never before them.
+sleeps until the next arrival, whoever gets it. Nothing a router reads changes between events,
+so deciding before the next event acts is deciding at the arrival. With one replica this is
+the plain engine loop: the same admission times, the same output.
 
 What the router sees of a replica (``Replica``), as a real router would:
 
@@ -56,6 +57,13 @@ class Replica:
         self.requests: list[Request] = []  # every request routed here, in routing order
         self.inbox: list[Request] = []  # routed, not yet handed to the engine loop
         self._outstanding: list[Request] = []  # routed, not finished
+
+    def receive(self, req: Request) -> None:
+        """The router sends ``req`` here."""
+        req.replica = self.index
+        self.requests.append(req)
+        self.inbox.append(req)
+        self._outstanding.append(req)
 
     def outstanding(self) -> list[Request]:
         live = self._outstanding = [r for r in self._outstanding if r.status is not Status.FINISHED]
@@ -103,11 +111,7 @@ class Router:
         while self._next < len(reqs) and reqs[self._next].arrival_s <= now:
             req = reqs[self._next]
             self._next += 1
-            rep = self.replicas[self.choose(req)]
-            req.replica = rep.index
-            rep.requests.append(req)
-            rep.inbox.append(req)
-            rep._outstanding.append(req)
+            self.replicas[self.choose(req)].receive(req)
 
     # -- policies: each returns a replica index -----------------------------------------
 

@@ -146,9 +146,7 @@ def route(router, reqs):
 def load(rep, n, tokens=100):
     """``n`` outstanding requests of ``tokens`` uncomputed tokens each (routed, not admitted)."""
     for _ in range(n):
-        r = make_request("x", range(10**6, 10**6 + tokens))
-        rep.inbox.append(r)
-        rep._outstanding.append(r)
+        rep.receive(make_request("x", range(10**6, 10**6 + tokens)))
 
 
 def test_round_robin_cycles_whatever_the_load():
