@@ -15,6 +15,7 @@ from kvsim import engine, metrics
 from kvsim.cli import main
 from kvsim.cluster import Replica, Router
 from kvsim.config import ClusterCfg, load_scenario, parse_scenario
+from kvsim.cost import RooflineCost
 from kvsim.errors import ConfigError
 from kvsim.workload import build_requests
 
@@ -109,6 +110,31 @@ def test_progress_adds_the_replicas_up():
     assert [c[0] for c in calls] == [256 * (i + 1) for i in range(len(rec.steps) // 256)]
     assert all(c[3] == 40 for c in calls) and calls[-1][2] <= 40
     assert [c[2] for c in calls] == sorted(c[2] for c in calls)
+
+
+def test_the_router_decides_on_the_state_at_the_arrival_instant(tmp_path):
+    # least_loaded, two synchronous replicas. At t = 0, X1 -> 0, X2 -> 1, X3 -> 0 (ties to
+    # the lower index). X1 and X3 finish when replica 0's first step ends (t0); X2's longer
+    # first step ends later. B arrives during both steps: then replica 0 holds two requests,
+    # replica 1 one, so B goes to 1, though the first event after B's arrival is replica 0's
+    # step end, after which replica 0 would be empty. C, arriving after t0, finds it empty.
+    sc = parse_scenario(BASE)
+    cost = RooflineCost(sc.model, sc.hardware, sc.cost, 1)
+    t0 = cost.step_time_s([(2, 0), (2, 0)], 2)  # X1 and X3, both sampling
+    t1 = cost.step_time_s([(512, 0)], 0)  # X2's first chunk (max_num_batched_tokens 512)
+    assert t0 < t1
+    rows = [{"arrival_s": 0, "max_tokens": 1, "prompt_token_ids": [1, 2], "req_id": "X1"},
+            {"arrival_s": 0, "max_tokens": 50, "prompt_segments": [[100, 1000]], "req_id": "X2"},
+            {"arrival_s": 0, "max_tokens": 1, "prompt_token_ids": [3, 4], "req_id": "X3"},
+            {"arrival_s": t0 / 2, "max_tokens": 1, "prompt_token_ids": [5], "req_id": "B"},
+            {"arrival_s": (t0 + t1) / 2, "max_tokens": 1, "prompt_token_ids": [6], "req_id": "C"}]
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, rec = run(variant(engine={"async_scheduling": False}, workload={"kind": "trace", "path": str(p)},
+                         cluster={"replicas": 2, "router": "least_loaded"}))
+    assert [(r.steps[0].start_s, r.steps[0].duration_s) for r in rec.replicas] == [(0, t0), (0, t1)]
+    assert [r.replica for r in rec.requests] == [0, 1, 0, 1, 0]
+    assert rec.requests[3].join_step == 1  # B joins replica 1 when its first step ends
 
 
 # -- policies on hand-built replicas --------------------------------------------------------
