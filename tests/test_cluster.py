@@ -322,7 +322,6 @@ def test_session_affinity_is_sticky_and_places_new_sessions_by_load():
 
 def test_generators_and_traces_carry_session_ids(tmp_path):
     sc = parse_scenario(variant(workload={"generator": "multi_turn", "turns": 2}))
-    assert [s.session_id for s in build_requests(sc)[:0]] == []
     ids = {s.req_id: s.session_id for s in build_requests(sc)}
     assert ids["c0-t0"] == ids["c0-t1"] == "c0" and ids["c1-t1"] == "c1"
     assert {s.session_id for s in build_requests(parse_scenario(variant()))} <= {"u0", "u1", "u2", "u3"}
@@ -334,6 +333,9 @@ def test_generators_and_traces_carry_session_ids(tmp_path):
                  '{"arrival_s": 0, "max_tokens": 2, "prompt_token_ids": [1]}\n')
     tr = parse_scenario(variant(workload={"kind": "trace", "path": str(p)}))
     assert [s.session_id for s in build_requests(tr)] == ["7", None]
+    p.write_text('{"arrival_s": 0, "max_tokens": 2, "prompt_token_ids": [1], "session_id": true}\n')
+    with pytest.raises(ConfigError, match=r"t.jsonl:1: session_id must be a string or an integer"):
+        build_requests(parse_scenario(variant(workload={"kind": "trace", "path": str(p)})))
 
 
 def test_session_affinity_keeps_conversations_together_end_to_end():
