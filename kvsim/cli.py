@@ -173,6 +173,10 @@ def cmd_validate(args) -> int:
     from kvsim.oracle import validate
 
     sc = load_scenario(args.scenario)
+    if sc.cluster is not None:
+        raise ConfigError(f"{Path(args.scenario).name}: [cluster]", "validate checks one engine "
+                          "against vLLM's Scheduler; remove the section (each replica is such an "
+                          "engine)")
     rows, scenario = validate.validate(sc, args.vllm, args.oracle_python)
     print(f"kvsim vs vLLM {args.vllm or sc.engine.vllm_version}'s Scheduler: "
           f"{len(scenario['requests'])} requests")

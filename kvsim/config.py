@@ -1,10 +1,11 @@
 """Scenario files: the only module that reads TOML.
 
 A scenario has the sections ``[model]``, ``[hardware]``, ``[engine]``, ``[speculative]``,
-``[workload]``, ``[cost]`` and ``[run]``. Engine keys carry vLLM's engine-argument names and
-take vLLM's default for the chosen ``vllm_version`` when left out. Every key is declared once
-in ``SCHEMA`` below, with its type, default and meaning; ``docs/scenario.md`` is checked
-against it. Bad input raises ``ConfigError`` naming the key.
+``[workload]``, ``[cost]``, ``[run]`` and, for several replicas behind a router,
+``[cluster]``. Engine keys carry vLLM's engine-argument names and take vLLM's default for the
+chosen ``vllm_version`` when left out. Every key is declared once in ``SCHEMA`` below, with
+its type, default and meaning; ``docs/scenario.md`` is checked against it. Bad input raises
+``ConfigError`` naming the key.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import difflib
 import math
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -256,9 +257,36 @@ RUN_KEYS = (
     Key("max_steps", "int", None, "Stop after this many engine steps.", low=1),
 )
 
+ROUTERS = ("round_robin", "random", "least_loaded", "prefix_aware", "session_affinity")
+# Engine keys every replica of a cluster shares: they decide the block hashes a prefix-aware
+# router compares across replicas (one deployment: one model, one vLLM image, one block size).
+SHARED_ENGINE_KEYS = ("vllm_version", "block_size", "kv_groups")
+
+CLUSTER_KEYS = (
+    Key("replicas", "int", 1, "Replicas behind the router, each a whole vLLM engine (`[engine]`) "
+        "with its own KV cache. With `[[cluster.deployment]]` tables: their total (leave it out).",
+        low=1),
+    Key("router", "str", "round_robin", "Routing policy, decided when a request arrives: "
+        "`round_robin`, `random` (seeded by `run.seed`), `least_loaded` (by `load_metric`), "
+        "`prefix_aware` (longest cached prefix against pending work, see `load_weight`), "
+        "`session_affinity` (sticky by the request's session id). See Clusters.",
+        choices=ROUTERS),
+    Key("load_metric", "str", "requests", "The load `least_loaded` and `session_affinity` "
+        "balance: `requests` (waiting + running + routed but not yet admitted) or `kv_usage` "
+        "(vLLM's KV-cache usage).", choices=("requests", "kv_usage")),
+    Key("load_weight", "float", 0.5, "prefix_aware: w in score = (1 - w) * cached prefix tokens "
+        "- w * pending tokens; 0 follows the cache alone, 1 the pending work alone, 0.5 trades "
+        "them token for token.", low=0, high=1),
+    Key("deployment", "deployments", None, "Replicas with their own engine settings: a list of "
+        "`[[cluster.deployment]]` tables (keys below), replicas numbered in table order."),
+)
+
+DEPLOYMENT_REPLICAS = Key("replicas", "int", 1, "Replicas of this deployment.", low=1)
+
 SCHEMA: dict[str, tuple[Key, ...]] = {
     "model": MODEL_KEYS, "hardware": HARDWARE_KEYS, "engine": ENGINE_KEYS,
     "speculative": SPECULATIVE_KEYS, "workload": WORKLOAD_KEYS, "cost": COST_KEYS, "run": RUN_KEYS,
+    "cluster": CLUSTER_KEYS,
 }
 
 
@@ -407,6 +435,17 @@ class RunCfg:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterCfg:
+    replicas: int
+    router: str
+    load_metric: str
+    load_weight: float
+    # [[cluster.deployment]] tables as given: (replicas, ((engine key, value), ...)) each.
+    deployment: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] | None
+    engines: tuple[EngineCfg, ...]  # one per replica, in replica order
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     path: Path | None
     model: ModelCfg
@@ -416,6 +455,12 @@ class Scenario:
     workload: WorkloadCfg
     cost: CostCfg
     run: RunCfg
+    cluster: ClusterCfg | None = None  # None: one engine, no router (a plain run)
+
+    def replica(self, i: int) -> Scenario:
+        """The scenario replica ``i`` of the cluster runs (its own engine settings)."""
+        assert self.cluster is not None
+        return replace(self, engine=self.cluster.engines[i], cluster=None)
 
 
 # -- parsing ------------------------------------------------------------------------------
@@ -460,10 +505,37 @@ def _check_groups(where: str, value: Any) -> tuple:
     return tuple(out)
 
 
+def _check_deployments(where: str, value: Any) -> tuple:
+    """``[[cluster.deployment]]`` tables: ``replicas`` plus [engine] keys to override."""
+    if not isinstance(value, list) or not value or not all(isinstance(d, dict) for d in value):
+        raise ConfigError(where, "must be a list of tables ([[cluster.deployment]])")
+    engine_keys = {k.name: k for k in ENGINE_KEYS}
+    out = []
+    for i, table in enumerate(value):
+        w = f"{where}[{i}]"
+        overrides = []
+        for name, v in table.items():
+            if name == "replicas":
+                continue
+            if name in SHARED_ENGINE_KEYS:
+                raise ConfigError(f"{w}.{name}", f"every replica shares {', '.join(SHARED_ENGINE_KEYS)}"
+                                  " (a router compares block hashes across replicas); set it in "
+                                  "[engine]")
+            if name not in engine_keys:
+                raise ConfigError(f"{w}.{name}", "unknown key (a deployment takes replicas and "
+                                  f"[engine] keys){_suggest(name, ['replicas', *engine_keys])}")
+            overrides.append((name, _check_value(f"{w}.{name}", engine_keys[name], v)))
+        n = _check_value(f"{w}.replicas", DEPLOYMENT_REPLICAS, table.get("replicas", 1))
+        out.append((n, tuple(overrides)))
+    return tuple(out)
+
+
 def _check_value(where: str, key: Key, value: Any) -> Any:
     t = key.type
     if t == "groups":
         return _check_groups(where, value)
+    if t == "deployments":
+        return _check_deployments(where, value)
     if t == "floats":
         if (not isinstance(value, list) or not value
                 or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)):
@@ -808,6 +880,7 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
             and speculative.acceptance != "trace"):
         raise ConfigError(f"{file}: workload.acceptance_rate_mean", "generated acceptances are used "
                           "only with speculative.acceptance = 'trace'")
+    base = path.parent if path else None
     return Scenario(
         path=path,
         model=model,
@@ -815,9 +888,36 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
         engine=engine,
         speculative=speculative,
         workload=workload,
-        cost=_cost(raw, file, path.parent if path else None, model, engine),
+        cost=_cost(raw, file, base, model, engine),
         run=_build(RunCfg, _section(raw, "run", file)),
+        cluster=_cluster(raw, file, base, model, hardware, engine) if "cluster" in raw else None,
     )
+
+
+def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: HardwareCfg,
+             engine: EngineCfg) -> ClusterCfg:
+    c = _section(raw, "cluster", file)
+    deployments = c["deployment"]
+    if deployments is None:
+        return _build(ClusterCfg, {**c, "engines": (engine,) * c["replicas"]})
+    if "replicas" in raw["cluster"]:
+        raise ConfigError(f"{file}: cluster.replicas", "give replicas or [[cluster.deployment]] "
+                          "tables (whose replicas add up), not both")
+    engines: list[EngineCfg] = []
+    for i, (n, overrides) in enumerate(deployments):
+        # A deployment's engine is [engine] with its keys replaced, checked like [engine].
+        raw_d = {**raw, "engine": {**raw.get("engine", {}), **dict(overrides)}}
+        try:
+            e = _engine(raw_d, file, model, hw)
+            _speculative(raw_d, file, e)
+            _cost(raw_d, file, base, model, e)
+        except ConfigError as exc:
+            inner = exc.where.removeprefix(f"{file}: ")
+            where = inner.replace("engine.", f"cluster.deployment[{i}].", 1) if inner.startswith(
+                "engine.") else f"cluster.deployment[{i}] ({inner})"
+            raise ConfigError(f"{file}: {where}", exc.what) from None
+        engines += [e] * n
+    return _build(ClusterCfg, {**c, "replicas": len(engines), "engines": tuple(engines)})
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -866,6 +966,8 @@ def resolved_toml(sc: Scenario) -> str:
     lines = ["# Resolved by kvsim: every key with the value this run used.", ""]
     for section in SCHEMA:
         cfg = getattr(sc, section)
+        if cfg is None:
+            continue  # no [cluster]
         lines.append(f"[{section}]")
         for key in SCHEMA[section]:
             if not hasattr(cfg, key.name):
@@ -878,8 +980,9 @@ def resolved_toml(sc: Scenario) -> str:
                 continue  # a named trace is written as its resolved path
             if section == "speculative" and key.name != "method" and not sc.speculative.enabled:
                 continue
-            if key.type == "groups":
-                continue  # written as [[engine.kv_groups]] tables below
+            if key.type in ("groups", "deployments") or (
+                    section == "cluster" and key.name == "replicas" and sc.cluster.deployment):
+                continue  # written as [[engine.kv_groups]] / [[cluster.deployment]] tables below
             lines.append(f"{key.name} = {_toml_value(v)}")
         lines.append("")
         if section == "engine" and sc.engine.kv_groups:
@@ -888,6 +991,18 @@ def resolved_toml(sc: Scenario) -> str:
                 for k in GROUP_KEYS:
                     v = getattr(g, k.name)
                     if v is not None and not (k.name == "sliding_window" and g.kind != "sliding_window"):
+                        lines.append(f"{k.name} = {_toml_value(v)}")
+                lines.append("")
+        if section == "cluster" and sc.cluster.deployment:
+            first = 0
+            for n, _ in sc.cluster.deployment:
+                # The deployment's engine values that differ from [engine], as resolved.
+                e = sc.cluster.engines[first]
+                first += n
+                lines += ["[[cluster.deployment]]", f"replicas = {n}"]
+                for k in ENGINE_KEYS:
+                    v = getattr(e, k.name)
+                    if k.name not in SHARED_ENGINE_KEYS and v != getattr(sc.engine, k.name):
                         lines.append(f"{k.name} = {_toml_value(v)}")
                 lines.append("")
     return "\n".join(lines)
@@ -908,13 +1023,19 @@ def schema_markdown() -> str:
             kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
             out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
         out.append("")
-        if section == "engine":
-            out += ["#### [[engine.kv_groups]]", "", "| key | type | default | meaning |",
+        sub = {"engine": ("engine.kv_groups", GROUP_KEYS),
+               "cluster": ("cluster.deployment", (DEPLOYMENT_REPLICAS,))}.get(section)
+        if sub:
+            out += [f"#### [[{sub[0]}]]", "", "| key | type | default | meaning |",
                     "|---|---|---|---|"]
-            for k in GROUP_KEYS:
+            for k in sub[1]:
                 default = "required" if k.default is REQUIRED else (
                     "none" if k.default is None else f"`{_toml_value(k.default)}`")
                 kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
                 out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
+            if section == "cluster":
+                out.append("| any `[engine]` key | as in `[engine]` | the `[engine]` value | This "
+                           "deployment's value, except for the keys every replica shares: "
+                           + ", ".join(f"`{k}`" for k in SHARED_ENGINE_KEYS) + ". |")
             out.append("")
     return "\n".join(out)

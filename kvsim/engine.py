@@ -5,6 +5,10 @@ join in workload order). Synchronously, a step is planned, the clock advances by
 model's step time, and the step's outcome is applied; with asynchronous scheduling (vLLM's
 batch queue of two) step N + 1 is planned when step N starts, before N's outcome is applied.
 When nothing is left to run the loop sleeps until the next arrival instead of polling.
+
+The loop takes its requests from an arrival source: ``Arrivals`` (the workload in arrival
+order) for a plain run; for a cluster, every replica's loop runs in the same environment and
+takes what the router hands it (``kvsim.cluster``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from kvsim.config import Scenario
 from kvsim.cost import COST_MODELS
 from kvsim.request import Request, RequestSpec
 from kvsim.sched import Scheduler, SchedulerParams
-from kvsim.specdec import Acceptance
+from kvsim.specdec import Acceptance, AcceptanceTally
 
 
 @dataclass(slots=True)
@@ -56,8 +60,11 @@ class Records:
     # algorithm deadlocks (nothing can be scheduled, requests left).
     stopped_by: str | None = None
     cost_label: str = ""
-    # vLLM's num_accepted_tokens_per_pos (speculative decoding only).
+    # vLLM's num_accepted_tokens_per_pos (speculative decoding only; a cluster's summed).
     accepted_per_pos: list[int] | None = None
+    # A cluster run: each replica's own records (its requests and steps), in replica order;
+    # ``steps`` above then holds every replica's steps, replica by replica.
+    replicas: list[Records] | None = None
 
 
 def build_scheduler(sc: Scenario) -> Scheduler:
@@ -76,29 +83,73 @@ def build_scheduler(sc: Scenario) -> Scheduler:
                               num_nextn_predict_layers=sc.model.num_nextn_predict_layers)
 
 
+class Arrivals:
+    """The requests of one engine, in arrival order (equal times keep their order)."""
+
+    def __init__(self, requests: list[Request]):
+        self._reqs = requests
+        self._next = 0
+
+    def advance(self, now: float) -> None:
+        """Time has reached ``now`` (a cluster routes what has arrived; nothing to do here)."""
+
+    def arrived(self, now: float) -> list[Request]:
+        """The requests not yet handed out that have arrived by ``now``, in order."""
+        reqs, i = self._reqs, self._next
+        while i < len(reqs) and reqs[i].arrival_s <= now:
+            i += 1
+        out, self._next = reqs[self._next:i], i
+        return out
+
+    def next_arrival_s(self) -> float | None:
+        """When the next request can arrive; None when none will."""
+        return self._reqs[self._next].arrival_s if self._next < len(self._reqs) else None
+
+
 def run(sc: Scenario, specs: list[RequestSpec], check_invariants: bool = False,
         progress: Callable[[int, float, int, int], None] | None = None,
         accept: Acceptance | None = None) -> Records:
-    """Simulate ``specs`` (sorted by arrival) on the scenario's engine; returns the records.
+    """Simulate ``specs`` (sorted by arrival) on the scenario's engine, or on its cluster of
+    replicas behind a router (``[cluster]``); returns the records.
 
     ``accept`` replaces the scenario's acceptance model (e.g. one that records its draws).
     """
-    e = sc.engine
-    cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
-                                      e.kv_cache_dtype, sc.speculative)
-    sched = build_scheduler(sc)
     if accept is None and sc.speculative.enabled:
         accept = Acceptance(sc.speculative, sc.run.seed)
-    rec = Records(requests=[Request(s, i) for i, s in enumerate(specs)], cost_label=cost.label)
-    env = simpy.Environment()
-    env.process(_engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress))
-    env.run()
-    if accept is not None:
-        rec.accepted_per_pos = accept.accepted_per_pos(sc.speculative.num_speculative_tokens)
+    requests = [Request(s, i) for i, s in enumerate(specs)]
+    if sc.cluster is not None:
+        from kvsim.cluster import run_cluster  # it builds on this module
+
+        rec = run_cluster(sc, requests, accept, check_invariants, progress)
+    else:
+        rec = Records(requests=requests)
+        simulate([(sc, build_scheduler(sc), Arrivals(requests), rec)], accept, check_invariants,
+                 progress)
     return rec
 
 
-def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
+def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accept: Acceptance | None,
+             check_invariants: bool = False, progress=None) -> None:
+    """Run one engine loop per ``(scenario, scheduler, arrivals, records)`` on one clock until
+    none has anything left to do; each fills its records."""
+    env = simpy.Environment()
+    tallies = []
+    for sc, sched, arrivals, rec in engines:
+        e = sc.engine
+        cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
+                                          e.kv_cache_dtype, sc.speculative)
+        rec.cost_label = cost.label
+        tally = AcceptanceTally(accept) if accept is not None else None
+        tallies.append(tally)
+        env.process(_engine_loop(env, sc, sched, cost, tally, rec, arrivals, check_invariants,
+                                 progress))
+    env.run()
+    for (sc, _, _, rec), tally in zip(engines, tallies):
+        if tally is not None:
+            rec.accepted_per_pos = tally.accepted_per_pos(sc.speculative.num_speculative_tokens)
+
+
+def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress):
     reqs, limits = rec.requests, sc.run
     # vLLM's EngineCore: synchronous scheduling runs schedule -> execute -> update; with
     # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
@@ -107,7 +158,7 @@ def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
     # which kvsim, like its oracle driver, takes as never: the device is busy).
     queue_size = 2 if sched.params.async_scheduling else 1
     queue: deque = deque()  # (plan, step index or None), newest first
-    nxt = step = num_finished = 0
+    step = num_finished = 0
     while True:
         now = env.now
         if limits.max_sim_time_s is not None and now >= limits.max_sim_time_s:
@@ -116,10 +167,9 @@ def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
         if limits.max_steps is not None and step >= limits.max_steps:
             rec.stopped_by = "max_steps"
             break
-        while nxt < len(reqs) and reqs[nxt].arrival_s <= now:
-            reqs[nxt].join_step = step
-            sched.add_request(reqs[nxt])
-            nxt += 1
+        for r in arrivals.arrived(now):
+            r.join_step = step
+            sched.add_request(r)
         if sched.num_unfinished:
             plan = sched.schedule()
             executed = bool(plan.scheduled)
@@ -139,9 +189,10 @@ def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
                     sched.num_unfinished and not sched.sem.batch_queue_fill_requires_execution)):
                 continue
         elif not queue:
-            if nxt == len(reqs):
+            wake = arrivals.next_arrival_s()
+            if wake is None:
                 break
-            yield env.timeout(reqs[nxt].arrival_s - now)  # idle until the next arrival
+            yield env.timeout(wake - now)  # idle until the next arrival
             continue
         plan, index = queue.pop()
         start = env.now
@@ -152,6 +203,7 @@ def _engine_loop(env, sc, sched, cost, accept, rec, check_invariants, progress):
             duration = cost.step_time_s(chunks, num_sampled)
             draft = cost.draft_time_s(chunks, num_sampled)
             yield env.timeout(duration + draft)
+            arrivals.advance(env.now)  # a router decides before this step's outcome lands
         end = env.now
         first, finished = sched.update_from_output(plan, accept)
         for r in first:

@@ -31,6 +31,7 @@ def _fmt(v) -> str:
 
 
 def request_rows(rec: Records) -> list[dict]:
+    """One dict per request (a cluster run adds its ``replica``)."""
     rows = []
     for r in rec.requests:
         ttft = None if r.first_token_s is None else r.first_token_s - r.arrival_s
@@ -45,6 +46,8 @@ def request_rows(rec: Records) -> list[dict]:
             "first_scheduled_step": r.first_scheduled_step, "first_token_step": r.first_token_step,
             "finish_step": r.finish_step, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
         })
+        if rec.replicas is not None:
+            rows[-1]["replica"] = r.replica
     return rows
 
 
@@ -58,12 +61,17 @@ def _csv(columns, rows) -> str:
 
 
 def requests_csv(rec: Records) -> str:
-    return _csv(REQUEST_COLUMNS, request_rows(rec))
+    cluster = ("replica",) if rec.replicas is not None else ()
+    return _csv(REQUEST_COLUMNS + cluster, request_rows(rec))
 
 
 def steps_csv(rec: Records) -> str:
+    """One row per step; a cluster run's rows start with the replica, replica by replica."""
     columns = tuple(f.name for f in fields(StepRecord))
-    return _csv(columns, (asdict(s) for s in rec.steps))
+    if rec.replicas is None:
+        return _csv(columns, (asdict(s) for s in rec.steps))
+    return _csv(("replica", *columns), ({"replica": i, **asdict(s)}
+                                         for i, r in enumerate(rec.replicas) for s in r.steps))
 
 
 def _dist(values: list[float]) -> dict | None:
@@ -120,7 +128,27 @@ def summarize(sc: Scenario, rec: Records) -> dict:
         "kv_usage": {"mean": float(np.mean(usage)) if usage else 0.0,
                      "max": float(max(usage)) if usage else 0.0},
         "spec_decode": _spec_summary(sc, rec),
+        **_cluster_summary(sc, rec),
     }
+
+
+# Keys of a run's summary that say nothing of one replica in particular.
+_RUN_KEYS = ("kvsim_version", "vllm_version", "model", "hardware", "cost_model", "seed")
+
+
+def _cluster_summary(sc: Scenario, rec: Records) -> dict:
+    """A cluster run: the router and, per replica, the summary of its own requests and steps."""
+    if rec.replicas is None:
+        return {}
+    c = sc.cluster
+    per = []
+    for i, r in enumerate(rec.replicas):
+        s = summarize(sc.replica(i), r)
+        per.append({"replica": i, **{k: v for k, v in s.items() if k not in _RUN_KEYS}})
+    return {"cluster": {"replicas": c.replicas, "router": c.router, "load_metric": c.load_metric,
+                        "load_weight": c.load_weight,
+                        "num_gpu_blocks_total": sum(e.num_gpu_blocks for e in c.engines)},
+            "replicas": per}
 
 
 def _spec_summary(sc: Scenario, rec: Records) -> dict | None:
@@ -195,6 +223,18 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     lines.append(f"KV usage      mean {100 * s['kv_usage']['mean']:.1f} %, max "
                  f"{100 * s['kv_usage']['max']:.1f} % of {s['num_gpu_blocks'] - 1} usable blocks"
                  f"{derived if s['num_gpu_blocks_derived'] else ''}")
+    if "cluster" in s:
+        c = s["cluster"]
+        lines.append(f"cluster       {c['replicas']} replicas, router {c['router']}")
+        lines.append(f"{'  replica':14}{'requests':>10}{'hit %':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
+                     f"{'KV mean %':>10}")
+        for r in s["replicas"]:
+            t = r["ttft_s"]
+            hit = r["prefix_cache_hit_rate"]
+            lines.append(f"{'  ' + str(r['replica']):14}{r['num_requests']:>10}"
+                         + (f" {100 * hit:>9.1f}" if hit is not None else f"{'-':>10}")
+                         + (f" {1e3 * t['p50']:>9.2f} {1e3 * t['p99']:>9.2f}" if t else f"{'-':>10}" * 2)
+                         + f" {100 * r['kv_usage']['mean']:>9.1f}")
     if out_dir:
         lines.append(f"results in    {out_dir}")
     return "\n".join(lines)

@@ -83,6 +83,9 @@ class RequestSpec:
     priority: int = 0
     # Drafts accepted at the request's 1st, 2nd, ... verify step (cycled), from a trace.
     accepted: tuple[int, ...] | None = None
+    # The conversation / session / user the request belongs to, where the workload says
+    # (a cluster's session_affinity router keeps a session on one replica).
+    session_id: str | None = None
 
 
 class Request:
@@ -96,7 +99,7 @@ class Request:
         "accepted_trace", "group_keys", "num_output_placeholders", "num_in_flight_tokens",
         "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
-        "first_token_s", "finish_s",
+        "first_token_s", "finish_s", "session_id", "replica",
     )
 
     def __init__(self, spec: RequestSpec, seq: int):
@@ -136,6 +139,8 @@ class Request:
         self.finish_step: int | None = None
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
+        self.session_id = spec.session_id
+        self.replica: int | None = None  # a cluster's router sets it on arrival
 
     @property
     def num_tokens(self) -> int:

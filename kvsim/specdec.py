@@ -80,12 +80,9 @@ class Acceptance:
         self._rngs: dict[int, random.Random] = {}
         # With ``record``: request index -> accepted count at each verify step (validation).
         self.log: dict[int, list[int]] | None = {} if record else None
-        # Drafts accepted -> verify steps that accepted that many (acceptance by position).
-        self.outcomes: Counter[int] = Counter()
 
     def __call__(self, req: Request, num_drafts: int) -> int:
         accepted = self._draw(req, num_drafts)
-        self.outcomes[accepted] += 1
         if self.log is not None:
             self.log.setdefault(req.seq, []).append(accepted)
         return accepted
@@ -105,10 +102,26 @@ class Acceptance:
             accepted += 1
         return accepted
 
-    def accepted_per_pos(self, k: int) -> list[int]:
-        """vLLM's ``num_accepted_tokens_per_pos``: verify steps whose draft i was accepted."""
-        return [sum(n for a, n in self.outcomes.items() if a > i) for i in range(k)]
-
     def forget(self, req: Request) -> None:
         """Drop a finished request's random stream."""
         self._rngs.pop(req.seq, None)
+
+
+class AcceptanceTally:
+    """One engine's draws from an :class:`Acceptance` and its own counters of them (a
+    cluster's replicas share one acceptance model, seeded per request)."""
+
+    def __init__(self, accept: Acceptance):
+        self._accept = accept
+        self.forget = accept.forget
+        # Drafts accepted -> verify steps that accepted that many (acceptance by position).
+        self.outcomes: Counter[int] = Counter()
+
+    def __call__(self, req: Request, num_drafts: int) -> int:
+        accepted = self._accept(req, num_drafts)
+        self.outcomes[accepted] += 1
+        return accepted
+
+    def accepted_per_pos(self, k: int) -> list[int]:
+        """vLLM's ``num_accepted_tokens_per_pos``: verify steps whose draft i was accepted."""
+        return [sum(n for a, n in self.outcomes.items() if a > i) for i in range(k)]

@@ -197,6 +197,13 @@ class HybridKVCacheManager:
 
     # -- hashes --------------------------------------------------------------------------
 
+    def share_hashes(self, other: HybridKVCacheManager) -> None:
+        """Hash blocks (fine and coarse) in ``other``'s id space (see
+        ``KVCacheManager.share_hashes``); both must have the same groups and lookahead."""
+        assert [g.spec for g in self.groups] == [g.spec for g in other.groups]
+        assert self.hasher.lookahead == other.hasher.lookahead
+        self.hasher, self._coarse = other.hasher, other._coarse
+
     def _group_keys(self, req: Request, g: _Group) -> list[int]:
         """The request's block keys for group ``g`` (group id folded in), extended lazily."""
         fine = self.hasher.block_hashes(req, 1 << 62)

@@ -43,6 +43,14 @@ class KVCacheManager:
 
     mamba_align = False  # no Mamba group: the scheduler never aligns chunks for one
 
+    def share_hashes(self, other: KVCacheManager) -> None:
+        """Hash blocks in ``other``'s id space, so that a request's block hashes mean the same
+        on both engines (as vLLM's content hashes do on every replica of a deployment).
+        Both must hash alike (block size, lookahead)."""
+        assert (self.hasher.block_size, self.hasher.lookahead) == (
+            other.hasher.block_size, other.hasher.lookahead)
+        self.hasher = other.hasher
+
     def new_step_starts(self) -> None:
         """Nothing to reset for a single full-attention group."""
 

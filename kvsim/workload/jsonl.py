@@ -2,10 +2,12 @@
 
     {"arrival_s": 0.5, "max_tokens": 64, "prompt_token_ids": [1, 2, 3]}
     {"arrival_s": 0.7, "max_tokens": 64, "prompt_segments": [[1, 3], [900, 40]],
-     "req_id": "user7-turn2", "priority": 0, "accepted": [2, 0, 3]}
+     "req_id": "user7-turn2", "priority": 0, "accepted": [2, 0, 3], "session_id": "user7"}
 
 ``prompt_segments`` lists ``[first_token_id, length]`` runs whose concatenation is the prompt,
 so long shared prefixes cost a few numbers. Token ids are any non-negative integers.
+``session_id`` (a string or an integer) names the conversation or user a request belongs to
+(a cluster's ``session_affinity`` router keeps a session on one replica).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from kvsim.errors import ConfigError
 from kvsim.request import ExplicitTokens, RequestSpec, SegmentTokens
 
 FIELDS = ("arrival_s", "max_tokens", "prompt_token_ids", "prompt_segments", "req_id", "priority",
-          "accepted")
+          "accepted", "session_id")
 
 
 def _int(v) -> bool:
@@ -46,6 +48,9 @@ def _parse_line(obj, where: str, index: int) -> RequestSpec:
     req_id = obj.get("req_id", str(index))
     if isinstance(req_id, bool) or not isinstance(req_id, str | int):
         raise ConfigError(where, f"req_id must be a string or an integer, got {req_id!r}")
+    session = obj.get("session_id")
+    if session is not None and (isinstance(session, bool) or not isinstance(session, str | int)):
+        raise ConfigError(where, f"session_id must be a string or an integer, got {session!r}")
     accepted = obj.get("accepted")
     if accepted is not None and (not isinstance(accepted, list) or not accepted
                                  or not all(_int(a) and a >= 0 for a in accepted)):
@@ -71,7 +76,8 @@ def _parse_line(obj, where: str, index: int) -> RequestSpec:
         prompt = SegmentTokens([(f, n) for f, n in segs])
     return RequestSpec(req_id=str(req_id), arrival_s=float(arrival), prompt=prompt,
                        max_tokens=max_tokens, priority=priority,
-                       accepted=tuple(accepted) if accepted else None)
+                       accepted=tuple(accepted) if accepted else None,
+                       session_id=None if session is None else str(session))
 
 
 def json_lines(path: Path):

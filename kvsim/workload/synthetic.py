@@ -17,6 +17,9 @@ generation order, so only the parts meant to be shared are shared:
                    long per-session context that grows by a tool observation (exponential,
                    mean ``input_tokens``) and the previous action at every step; outputs short.
 
+Session ids (for a cluster's ``session_affinity`` router): the user (``shared_prefix``), the
+conversation (``multi_turn``), the session (``agent``); ``rag`` requests have none.
+
 The arrival process gives the requests (``shared_prefix``, ``rag``) or the first turn of each
 conversation / session (``multi_turn``, ``agent``); a later turn arrives an exponential
 think time (mean ``think_time_s``) after the previous turn's arrival (open loop: it does
@@ -79,7 +82,8 @@ def shared_prefix(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) 
             segs.append((history_base + u * w.user_history_tokens, w.user_history_tokens))
         segs.append((fresh_base + i * w.input_tokens, w.input_tokens))
         specs.append(RequestSpec(req_id=f"u{u}-r{i}", arrival_s=float(times[i]),
-                                 prompt=SegmentTokens(segs), max_tokens=w.output_tokens))
+                                 prompt=SegmentTokens(segs), max_tokens=w.output_tokens,
+                                 session_id=f"u{u}"))
     return specs
 
 
@@ -96,7 +100,7 @@ def multi_turn(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) -> 
             history.append(ids.take(w.input_tokens))
             specs.append(RequestSpec(req_id=f"c{c}-t{t}", arrival_s=t_arr,
                                      prompt=SegmentTokens(system + history),
-                                     max_tokens=w.output_tokens))
+                                     max_tokens=w.output_tokens, session_id=f"c{c}"))
             history.append(ids.take(w.output_tokens))  # the answer, re-sent next turn
             t_arr += _think(w, rng)
     return specs
@@ -116,7 +120,7 @@ def agent(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) -> list[
             history.append(ids.take(obs))
             specs.append(RequestSpec(req_id=f"s{s}-k{k}", arrival_s=t_arr,
                                      prompt=SegmentTokens(system + history),
-                                     max_tokens=w.output_tokens))
+                                     max_tokens=w.output_tokens, session_id=f"s{s}"))
             history.append(ids.take(w.output_tokens))  # the action, part of the next context
             t_arr += _think(w, rng)
     return specs

@@ -1,0 +1,221 @@
+"""Many vLLM replicas behind a router (``[cluster]``), on one simulated clock.
+
+Each replica is a whole engine (its own scheduler, block pool and prefix cache, and its own
+``[engine]`` settings where a ``[[cluster.deployment]]`` says so); all replicas' engine loops
+run in one SimPy environment (``engine.simulate``). A request is routed when it arrives, from
+what the router can see at that instant, and goes to that replica's queue; the replica admits
+it at its next scheduling call, exactly as a lone engine admits an arrival.
+
+Routing is lazy but exact: replica state changes only at engine events (a step planned, a
+step's outcome applied), so the state at an arrival instant ``a`` is the state just before the
+first event at or after ``a``. Every replica loop asks the router to route what has arrived
+before it changes anything (``RoutedArrivals.advance`` / ``arrived``), and an idle replica
+sleeps until the next arrival, whoever gets it. Nothing a router reads changes between events,
+so deciding before the next event acts is deciding at the arrival. With one replica this is
+the plain engine loop: the same admission times, the same output.
+
+What the router sees of a replica (``Replica``), as a real router would:
+
+* its outstanding requests: routed and not finished (waiting, running, or routed but not yet
+  admitted), which a router knows from its own dispatches and the streamed responses;
+* the tokens still to compute for them, ``sum(num_tokens - num_computed_tokens)`` (a waiting
+  request counts its whole prompt: its hit is known only at admission), as NVIDIA Dynamo's KV
+  router tracks the prefill load of what it dispatched;
+* vLLM's KV-cache usage (``vllm:kv_cache_usage_perc``), exact at the instant where a real
+  router scrapes it with some lag;
+* the prefix it would hit, from the replica's own block-hash map: the manager's real lookup
+  (``get_computed_blocks``: chained block hashes, the EAGLE drop, hybrid groups), read-only
+  (no LRU touch, no stats). This is what a router fed vLLM's KV events (block stored / removed,
+  as llm-d's precise prefix-cache scorer and Dynamo's KV router consume) knows, without the
+  events' delivery lag; an approximate index (SGLang's router, llm-d's estimated scorer: the
+  prefixes the router sent, not what the replica kept) is not modelled.
+
+Block hashes are comparable across replicas because every replica that caches hashes in one
+id space (``share_hashes``), as vLLM's content hashes are equal on every replica of a
+deployment.
+"""
+
+from __future__ import annotations
+
+import random
+
+from kvsim.config import ClusterCfg, Scenario
+from kvsim.engine import Records, build_scheduler, simulate
+from kvsim.request import Request, Status
+from kvsim.sched import Scheduler
+from kvsim.specdec import Acceptance
+
+
+class Replica:
+    """One replica as the router sees it."""
+
+    __slots__ = ("index", "sched", "requests", "inbox", "_outstanding")
+
+    def __init__(self, index: int, sched: Scheduler):
+        self.index = index
+        self.sched = sched
+        self.requests: list[Request] = []  # every request routed here, in routing order
+        self.inbox: list[Request] = []  # routed, not yet handed to the engine loop
+        self._outstanding: list[Request] = []  # routed, not finished
+
+    def receive(self, req: Request) -> None:
+        """The router sends ``req`` here."""
+        req.replica = self.index
+        self.requests.append(req)
+        self.inbox.append(req)
+        self._outstanding.append(req)
+
+    def outstanding(self) -> list[Request]:
+        live = self._outstanding = [r for r in self._outstanding if r.status is not Status.FINISHED]
+        return live
+
+    def num_requests(self) -> int:
+        """Waiting + running + routed but not yet admitted."""
+        return len(self.outstanding())
+
+    def pending_tokens(self) -> int:
+        """Tokens still to compute for the outstanding requests."""
+        return sum(max(0, r.num_tokens - r.num_computed_tokens) for r in self.outstanding())
+
+    def kv_usage(self) -> float:
+        return self.sched.kv.pool.usage()
+
+    def cached_tokens(self, req: Request) -> int:
+        """The prefix-cache hit ``req`` would get here now (the manager's own lookup)."""
+        return self.sched.kv.get_computed_blocks(req)[1]
+
+
+class Router:
+    """Routes each request, at its arrival, to one replica by the configured policy.
+
+    Ties go to the less loaded replica, then to the lower index (see each policy).
+    """
+
+    def __init__(self, cfg: ClusterCfg, replicas: list[Replica], requests: list[Request],
+                 seed: int):
+        self.cfg = cfg
+        self.replicas = replicas
+        self._reqs = requests
+        self._next = 0
+        self._count = 0  # round_robin
+        self._rng = random.Random(seed)  # random
+        self._sessions: dict[str, int] = {}  # session_affinity: session id -> replica
+        self.choose = getattr(self, "_" + cfg.router)
+
+    def next_arrival_s(self) -> float | None:
+        return self._reqs[self._next].arrival_s if self._next < len(self._reqs) else None
+
+    def route_until(self, now: float) -> None:
+        """Route every request that has arrived by ``now``, in arrival order."""
+        reqs = self._reqs
+        while self._next < len(reqs) and reqs[self._next].arrival_s <= now:
+            req = reqs[self._next]
+            self._next += 1
+            self.replicas[self.choose(req)].receive(req)
+
+    # -- policies: each returns a replica index -----------------------------------------
+
+    def _round_robin(self, req: Request) -> int:
+        i = self._count % len(self.replicas)
+        self._count += 1
+        return i
+
+    def _random(self, req: Request) -> int:
+        return self._rng.randrange(len(self.replicas))
+
+    def _load(self, rep: Replica) -> tuple:
+        if self.cfg.load_metric == "kv_usage":
+            return rep.kv_usage(), rep.num_requests()
+        return (rep.num_requests(),)
+
+    def _least_loaded(self, req: Request) -> int:
+        """The lowest load (``load_metric``; KV usage ties go by requests), then lowest index."""
+        return min(self.replicas, key=lambda rep: (self._load(rep), rep.index)).index
+
+    def _prefix_aware(self, req: Request) -> int:
+        """Highest ``(1 - w) * cached - w * pending`` (``w = load_weight``; cached: the prefix
+        this replica's cache would give the request now; pending: tokens still to compute for
+        its outstanding requests), then fewer pending tokens, fewer requests, lowest index."""
+        w = self.cfg.load_weight
+
+        def key(rep: Replica):
+            pending = rep.pending_tokens()
+            cached = rep.cached_tokens(req)
+            return (-((1 - w) * cached - w * pending), pending, rep.num_requests(), rep.index)
+        return min(self.replicas, key=key).index
+
+    def _session_affinity(self, req: Request) -> int:
+        """A session's first request goes where least_loaded would send it, its later ones to
+        the same replica; a request without a session id goes by least_loaded."""
+        sid = req.session_id
+        if sid is None:
+            return self._least_loaded(req)
+        i = self._sessions.get(sid)
+        if i is None:
+            i = self._sessions[sid] = self._least_loaded(req)
+        return i
+
+
+class RoutedArrivals:
+    """A replica's arrival source (``engine.Arrivals``' interface): what the router gave it."""
+
+    __slots__ = ("router", "replica")
+
+    def __init__(self, router: Router, replica: Replica):
+        self.router = router
+        self.replica = replica
+
+    def advance(self, now: float) -> None:
+        self.router.route_until(now)
+
+    def arrived(self, now: float) -> list[Request]:
+        self.router.route_until(now)
+        out, self.replica.inbox = self.replica.inbox, []
+        return out
+
+    def next_arrival_s(self) -> float | None:
+        """The next arrival anywhere: it may come here, so an idle replica wakes for it."""
+        return self.router.next_arrival_s()
+
+
+def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None,
+                check_invariants: bool = False, progress=None) -> Records:
+    """Simulate ``requests`` (in arrival order) on the scenario's cluster; the records hold
+    every request (with its ``replica``), every replica's steps, and each replica's own
+    records in ``replicas``."""
+    assert sc.cluster is not None
+    n = sc.cluster.replicas
+    scenarios = [sc.replica(i) for i in range(n)]
+    replicas = [Replica(i, build_scheduler(s)) for i, s in enumerate(scenarios)]
+    # One hash id space for the replicas that cache (one with caching off never hashes, and
+    # its hashes may be keyed differently: no lookahead hashes without caching).
+    caching = [rep.sched.kv for rep in replicas if rep.sched.kv.enable_caching]
+    for kv in caching[1:]:
+        kv.share_hashes(caching[0])
+    router = Router(sc.cluster, replicas, requests, sc.run.seed)
+    recs = [Records(requests=rep.requests) for rep in replicas]
+    if progress is not None:
+        progress = _ClusterProgress(progress, requests)
+    simulate([(scenarios[i], replicas[i].sched, RoutedArrivals(router, replicas[i]), recs[i])
+              for i in range(n)], accept, check_invariants, progress)
+    return Records(
+        requests=requests, steps=[s for r in recs for s in r.steps],
+        end_s=max(r.end_s for r in recs),
+        stopped_by=next((r.stopped_by for r in recs if r.stopped_by), None),
+        cost_label=" / ".join(dict.fromkeys(r.cost_label for r in recs)), replicas=recs,
+        accepted_per_pos=(None if accept is None
+                          else [sum(c) for c in zip(*(r.accepted_per_pos for r in recs))]))
+
+
+class _ClusterProgress:
+    """One progress callback for all replicas: steps summed, finished requests counted."""
+
+    def __init__(self, progress, requests: list[Request]):
+        self.progress, self.requests = progress, requests
+        self.steps = 0
+
+    def __call__(self, step: int, sim_s: float, finished: int, total: int) -> None:
+        self.steps += 1
+        if self.steps % 256 == 0:  # as often as the terminal bar looks
+            done = sum(r.finish_s is not None for r in self.requests)
+            self.progress(self.steps, sim_s, done, len(self.requests))
