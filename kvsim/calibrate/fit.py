@@ -127,7 +127,13 @@ def _errors_pct(x, feats, y) -> dict:
 
 def fit_pass(col: dict[str, np.ndarray], rng: np.random.Generator) -> tuple[dict, dict, dict]:
     """Fit one pass's rows. Returns (params, held-out error, training error)."""
-    feats, y = feature_matrix(col), col["step_s"]
+    return fit_features(feature_matrix(col), col["step_s"], rng)
+
+
+def fit_features(feats: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[dict, dict, dict]:
+    """Fit measured passes given as ``features`` rows (``T, A, K, R, S``) and seconds ``y``.
+
+    Returns (params, held-out error, training error)."""
     n = len(y)
     order = rng.permutation(n)
     num_held = int(round(n * HELDOUT_FRACTION)) if n >= 10 else 0

@@ -15,8 +15,9 @@ memory bound for few tokens and compute bound for many: a smooth roofline with k
 ``p``), ``a_tok`` the linear FLOPs per token, ``a_attn`` and ``a_kv`` the attention terms in
 context length, ``a_seq`` the per-sequence cost, ``a_lm`` the LM head and sampler per sampled
 row. A profile holds one such set for the target model and one for the drafter's own pass (an
-EAGLE/MTP head: one decoder layer plus the LM head). ``kvsim calibrate`` writes profiles;
-``[cost] profile`` selects one. Pure Python: no numpy, no torch.
+EAGLE/MTP head: one decoder layer plus the LM head), or, with ``"draft_in_target": true``, one
+set fitted to whole engine steps whose times include the drafter's passes. ``kvsim calibrate``
+writes profiles; ``[cost] profile`` selects one. Pure Python: no numpy, no torch.
 """
 
 from __future__ import annotations
@@ -139,7 +140,10 @@ class FittedCost:
         self.target = profile["target"]
         self.drafter = None
         self.num_draft_passes = 0
-        if spec is not None and spec.enabled and spec.method != "ngram":
+        # A profile timed from whole engine steps (``kvsim validate --against vllm-engine``)
+        # has the drafter's passes inside its target coefficients.
+        drafter_timed = profile.get("draft_in_target") is True
+        if spec is not None and spec.enabled and spec.method != "ngram" and not drafter_timed:
             if spec.method == "draft_model":
                 raise ConfigError("cost.profile", "a fitted profile has no draft-model pass; use the "
                                   "roofline for method = 'draft_model'")
