@@ -206,7 +206,7 @@ def _validate_run(args) -> int:
         print(f"cost profile: fitted to {res['profile']['num_points']['target']} calibration steps, "
               f"held-out median {e['median_pct']:.1f} %, p90 {e['p90_pct']:.1f} %")
     print(f"results in {out}")
-    ok, n = summary["cached_exact_isolated"]
+    ok, n = summary["cached_exact_timing_independent"]
     missing = [r["req_id"] for r in rows if r["e2e_s_measured"] is None]
     if missing:
         print(f"{len(missing)} requests did not finish in the measured run: {', '.join(missing[:5])}")

@@ -3,7 +3,7 @@
 Every validation target hands over the same per-request records (``req_id``, ``arrival_s``,
 ``prompt_tokens``, ``output_tokens``, ``cached_tokens``, ``ttft_s``, ``tpot_s``, ``e2e_s``,
 times in seconds from the run's t = 0), one list measured and one predicted by kvsim, plus
-which requests' cache hits cannot depend on timing (``isolated``).
+which requests' cache hits cannot depend on timing (``timing_independent``).
 """
 
 from __future__ import annotations
@@ -17,37 +17,56 @@ METRICS = (("ttft_s", "TTFT", 1e3, "ms"), ("tpot_s", "TPOT", 1e3, "ms"), ("e2e_s
 PERCENTILES = (50, 90, 99)
 
 
-def isolated(measured: dict[str, dict], predicted: dict[str, dict]) -> set[str]:
-    """Requests whose cache hit cannot depend on timing, in both runs.
+def _common_blocks(a: tuple, b: tuple, block_size: int) -> int:
+    """Full blocks two prompts share from their start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n // block_size
 
-    A request is isolated when every request that arrived before it had finished by its arrival
-    and the next one arrived after its first token: it was admitted alone onto a cache whose
-    content the earlier requests, run one wave at a time, fixed.
+
+def timing_independent(measured: dict[str, dict], predicted: dict[str, dict],
+                       prompts: dict[str, tuple], block_size: int, pressure: bool) -> set[str]:
+    """Requests whose cache hit cannot depend on timing, judged from both runs.
+
+    Request r's hit depends only on what finished before it arrived when every request that
+    overlapped it (still running at its arrival, or arriving before its first token) shares no
+    more leading blocks with it than some request that had finished by its arrival (a prefix
+    warmed first), in both runs. Under cache pressure (more blocks written than the pool holds)
+    eviction order could matter too, so only requests no other request overlapped (spaced apart)
+    count.
     """
-    out = set()
+    out = None
     for run in (measured, predicted):
-        order = sorted(run.values(), key=lambda r: r["arrival_s"])
         ok = set()
-        last_finish = -1.0
-        for i, r in enumerate(order):
-            nxt = order[i + 1]["arrival_s"] if i + 1 < len(order) else float("inf")
-            if (last_finish <= r["arrival_s"] and r.get("ttft_s") is not None
-                    and r["arrival_s"] + r["ttft_s"] < nxt):
-                ok.add(r["req_id"])
-            if r.get("e2e_s") is not None:
-                last_finish = max(last_finish, r["arrival_s"] + r["e2e_s"])
-            else:
-                last_finish = float("inf")
-        out = ok if run is measured else out & ok
-    return out
+        for rid, r in run.items():
+            if r.get("ttft_s") is None:
+                continue
+            start, first = r["arrival_s"], r["arrival_s"] + r["ttft_s"]
+            warmed = overlap = 0
+            for oid, o in run.items():
+                if oid == rid:
+                    continue
+                o_end = o["arrival_s"] + o["e2e_s"] if o.get("e2e_s") is not None else float("inf")
+                shared = _common_blocks(prompts[rid], prompts[oid], block_size)
+                if o_end <= start:
+                    warmed = max(warmed, shared)
+                elif o["arrival_s"] < first:
+                    overlap = max(overlap, shared if not pressure else float("inf"))
+            if overlap <= warmed:
+                ok.add(rid)
+        out = ok if out is None else out & ok
+    return out or set()
 
 
-def side_by_side(measured: dict[str, dict], predicted: dict[str, dict], isolated_ids: set[str]) -> list[dict]:
+def side_by_side(measured: dict[str, dict], predicted: dict[str, dict], fixed: set[str]) -> list[dict]:
     rows = []
     for rid, m in sorted(measured.items(), key=lambda kv: kv[1]["arrival_s"]):
         p = predicted.get(rid, {})
         row = {"req_id": rid, "arrival_s": m["arrival_s"], "prompt_tokens": m["prompt_tokens"],
-               "output_tokens": m["output_tokens"], "isolated": rid in isolated_ids,
+               "output_tokens": m["output_tokens"], "timing_independent": rid in fixed,
                "cached_tokens_measured": m.get("cached_tokens"),
                "cached_tokens_kvsim": p.get("cached_tokens")}
         for key, *_ in METRICS:
@@ -75,12 +94,13 @@ def throughput(records: list[dict]) -> float | None:
 
 def summarize(rows: list[dict], measured: dict[str, dict], predicted: dict[str, dict]) -> dict:
     out: dict = {"num_requests": len(rows)}
-    for group, sel in (("isolated", [r for r in rows if r["isolated"]]),
-                       ("overlapping", [r for r in rows if not r["isolated"]])):
+    for group, sel in (("timing_independent", [r for r in rows if r["timing_independent"]]),
+                       ("timing_dependent", [r for r in rows if not r["timing_independent"]])):
         exact = sum(r["cached_tokens_measured"] == r["cached_tokens_kvsim"] for r in sel)
         out[f"cached_exact_{group}"] = [exact, len(sel)]
     out["cached_mismatches"] = [
-        {"req_id": r["req_id"], "isolated": r["isolated"], "measured": r["cached_tokens_measured"],
+        {"req_id": r["req_id"], "timing_independent": r["timing_independent"],
+         "measured": r["cached_tokens_measured"],
          "kvsim": r["cached_tokens_kvsim"]}
         for r in rows if r["cached_tokens_measured"] != r["cached_tokens_kvsim"]]
     for key, *_ in METRICS:
@@ -101,13 +121,14 @@ def summarize(rows: list[dict], measured: dict[str, dict], predicted: dict[str, 
 
 def table(summary: dict) -> str:
     lines = []
-    for group in ("isolated", "overlapping"):
+    for group in ("timing_independent", "timing_dependent"):
         ok, n = summary[f"cached_exact_{group}"]
         rate = f"{100 * ok / n:.1f} %" if n else "-"
-        lines.append(f"cached tokens exact, {group + ' requests:':22} {ok}/{n} ({rate})")
+        label = group.replace("_", "-") + " requests:"
+        lines.append(f"cached tokens exact, {label:27} {ok}/{n} ({rate})")
     for m in summary["cached_mismatches"][:5]:
         lines.append(f"  {m['req_id']}: measured {m['measured']}, kvsim {m['kvsim']}"
-                     f"{' (isolated)' if m['isolated'] else ''}")
+                     f"{' (timing-independent)' if m['timing_independent'] else ''}")
     lines.append(f"{'':6} {'measured p50/p90/p99':>24} {'kvsim p50/p90/p99':>24}   "
                  f"abs % error p50 / p90 / p99")
     for key, label, scale, unit in METRICS:
@@ -145,10 +166,11 @@ def plot(rows: list[dict], folder, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pairs = [(r["ttft_s_measured"] * 1e3, r["ttft_s_kvsim"] * 1e3, r["isolated"]) for r in rows
+    pairs = [(r["ttft_s_measured"] * 1e3, r["ttft_s_kvsim"] * 1e3, r["timing_independent"]) for r in rows
              if r["ttft_s_measured"] is not None and r["ttft_s_kvsim"] is not None]
     fig, ax = plt.subplots(figsize=(5, 5))
-    for iso, color, label in ((True, "tab:blue", "isolated"), (False, "tab:orange", "overlapping")):
+    for iso, color, label in ((True, "tab:blue", "hit timing-independent"),
+                              (False, "tab:orange", "hit may depend on timing")):
         pts = [(m, p) for m, p, i in pairs if i == iso]
         if pts:
             ax.scatter(*zip(*pts), s=14, color=color, label=label)
