@@ -199,12 +199,9 @@ def _validate_run(args) -> int:
           f"{eng['num_gpu_blocks']} KV blocks of {eng['block_size']} tokens")
     print(compare.table(summary))
     pc = summary["prefix_cache"]
-    print(f"prefix cache queries/hits: measured {pc['measured']['queries']}/{pc['measured']['hits']}, "
-          f"kvsim {pc['kvsim']['queries']}/{pc['kvsim']['hits']}")
-    if summary.get("profile_heldout_error"):
-        e = summary["profile_heldout_error"]
-        print(f"cost profile: fitted to {res['profile']['num_points']['target']} calibration steps, "
-              f"held-out median {e['median_pct']:.1f} %, p90 {e['p90_pct']:.1f} %")
+    print("prefix cache queries/hits: " + ", ".join(
+        f"{who} {pc[who]['queries']:.0f}/{pc[who]['hits']:.0f}" for who in ("measured", "kvsim")))
+    print(f"cost profile: {res['profile_note']}")
     print(f"results in {out}")
     ok, n = summary["cached_exact_timing_independent"]
     missing = [r["req_id"] for r in rows if r["e2e_s_measured"] is None]

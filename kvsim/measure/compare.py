@@ -72,6 +72,8 @@ def side_by_side(measured: dict[str, dict], predicted: dict[str, dict], fixed: s
         for key, *_ in METRICS:
             row[f"{key}_measured"] = m.get(key)
             row[f"{key}_kvsim"] = p.get(key)
+        # vLLM's own TTFT (from when the request reached the engine), where the target has it.
+        row["vllm_first_token_latency_s"] = m.get("vllm_first_token_latency_s")
         rows.append(row)
     return rows
 

@@ -239,6 +239,7 @@ def measured_records(specs, phase: dict) -> dict[str, dict]:
             "ttft_s": None if first is None else first - s.arrival_s,
             "tpot_s": (finish - first) / (n - 1) if finish is not None and n > 1 else None,
             "e2e_s": None if finish is None else finish - s.arrival_s,
+            "vllm_first_token_latency_s": r.get("engine_metrics", {}).get("first_token_latency"),
         }
     return out
 
@@ -271,9 +272,7 @@ def prepare(path: Path, local: bool = True):
     if local:
         check_scenario(sc)
     specs = build_requests(sc)
-    replay = wire_requests(specs)
-    check_vocab(replay, sc.model.vocab_size, f"{path.name}: workload")
-    return raw, sc, specs, replay
+    return raw, sc, specs, wire_requests(specs)
 
 
 def predict_and_compare(raw: dict, path: Path, specs, measured: dict[str, dict], resolved: dict,
@@ -308,6 +307,9 @@ def predict_and_compare(raw: dict, path: Path, specs, measured: dict[str, dict],
 def validate(path: Path, python: str | None, timeout_s: float, log=None) -> dict:
     """Run the engine and kvsim on the scenario at ``path``; returns everything to report."""
     raw, sc, specs, replay = prepare(path)
+    # (A server judges token ids itself: its model may not be the scenario's.)
+    check_vocab(replay, sc.model.vocab_size, f"{path.name}: workload")
+    py = engine_python(python)
     shape = model_shape(sc)
     spec = {"model": shape, "model_dir": str(model_dir(shape)),
             "engine": engine_args(sc, None if sc.engine.num_gpu_blocks_derived
@@ -316,7 +318,7 @@ def validate(path: Path, python: str | None, timeout_s: float, log=None) -> dict
     if log:
         log(f"engine: {len(spec['phases']['calibration'])} calibration requests, then "
             f"{len(replay)} replayed")
-    result = run_driver(engine_python(python), spec, timeout_s)
+    result = run_driver(py, spec, timeout_s)
     resolved = result["engine"]
     for k in ENGINE_KEYS:
         if resolved[k] != spec["engine"][k]:
@@ -327,6 +329,10 @@ def validate(path: Path, python: str | None, timeout_s: float, log=None) -> dict
     out = predict_and_compare(raw, path, specs, measured_records(specs, phase), resolved, profile,
                               phase["counters"])
     out["profile"] = profile
+    e = profile["heldout_error"]
+    out["profile_note"] = (f"fitted to {profile['num_points']['target']} "
+                           f"calibration steps, held-out median {e['median_pct']:.1f} %, "
+                           f"p90 {e['p90_pct']:.1f} %")
     out["steps"] = [{"phase": name, **s} for name in ("calibration", "replay")
                     for s in result["phases"][name]["steps"]]
     return out

@@ -99,10 +99,7 @@ def build_llm(model_dir: Path, engine: dict):
     spec = engine.get("speculative")
     if spec:
         cfg = {"method": spec["method"], "num_speculative_tokens": spec["num_speculative_tokens"]}
-        if spec["method"] == "ngram":
-            cfg.update(prompt_lookup_min=spec.get("prompt_lookup_min", 2),
-                       prompt_lookup_max=spec.get("prompt_lookup_max", 5))
-        else:
+        if spec["method"] != "ngram":
             cfg["model"] = str(draft_folder(model_dir, spec["method"]))
             kwargs["load_format"] = "dummy"
         kwargs["speculative_config"] = cfg
@@ -240,7 +237,8 @@ def main() -> int:
         result = run(json.loads(inp.read_text()))
     except Exception as exc:  # reported as one line to kvsim, full trace on stderr
         traceback.print_exc()
-        result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        # One line: pydantic's errors put the reason on the lines after a header.
+        result = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:400]}
     out.write_text(json.dumps(result))
     return 0 if "error" not in result else 1
 

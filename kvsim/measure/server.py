@@ -115,10 +115,15 @@ def _draft_folder(python: Path, model: Path, method: str) -> Path:
     return Path(out.stdout.strip())
 
 
-def _conn(url: str, timeout_s: float) -> http.client.HTTPConnection:
+def check_url(url: str):
     u = urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ConfigError("--url", f"expected http://HOST:PORT, got {url!r}")
+    return u
+
+
+def _conn(url: str, timeout_s: float) -> http.client.HTTPConnection:
+    u = check_url(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     return cls(u.hostname, u.port, timeout=timeout_s)
 
@@ -269,13 +274,15 @@ def measure(url: str, sc, replay_reqs: list[dict], timeout_s: float, log=None) -
 
 def validate(path: Path, url: str | None, profile: str | None, python: str | None, port: int,
              timeout_s: float, log=None) -> dict:
-    from kvsim.cost.fitted import load_profile, resolve_profile
+    from kvsim.cost.fitted import check_matches, load_profile, resolve_profile
 
+    if url is not None:
+        check_url(url)
     raw, sc, specs, replay_reqs = engine.prepare(path, local=url is None)
-    if profile:
-        prof = load_profile(resolve_profile(profile, None))
-    elif sc.cost.profile:
-        prof = load_profile(Path(sc.cost.profile))
+    if profile or sc.cost.profile:
+        ppath = resolve_profile(profile, None) if profile else Path(sc.cost.profile)
+        prof = load_profile(ppath)
+        check_matches(prof, sc.model, sc.engine.tensor_parallel_size, "--profile")
     else:
         raise ConfigError("--profile", "a server's steps cannot be timed from outside: give a cost "
                           "profile (a vllm-engine run writes profile.json) or set cost.profile")
@@ -313,4 +320,5 @@ def validate(path: Path, url: str | None, profile: str | None, python: str | Non
     out = engine.predict_and_compare(raw, path, specs, engine.measured_records(specs, phase),
                                      resolved, prof, phase["counters"])
     out["url"] = url
+    out["profile_note"] = f"{ppath} (given)"
     return out
