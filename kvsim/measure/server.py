@@ -195,8 +195,11 @@ def complete(url: str, model: str, req: dict, timeout_s: float, t0: float) -> di
             if data == "[DONE]":
                 break
             chunk = json.loads(data)
-            if chunk.get("error"):
-                raise ConfigError("vllm-server", f"request {req['req_id']} failed: {chunk['error']}")
+            err = chunk.get("error")
+            if err:
+                if isinstance(err, dict):
+                    err = f"{err.get('type', 'error')} {err.get('code', '')}: {err.get('message', '')}"
+                raise ConfigError("vllm-server", f"request {req['req_id']} failed: {err}")
             now = time.monotonic() - t0
             if chunk.get("choices"):
                 out.setdefault("first_token_s", now)
@@ -310,6 +313,8 @@ def validate(path: Path, url: str | None, profile: str | None, python: str | Non
     finally:
         if server is not None:
             server.stop()
+    if server is not None:
+        server.log_path.unlink()  # kept (and named at start) only when the run failed
     info = phase["cache_config"]
     e = sc.engine
     resolved = {"vllm_version": e.vllm_version,
