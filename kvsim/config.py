@@ -794,6 +794,11 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises ConfigError (missing file, bad TOML, bad key)."""
+    return parse_scenario(load_raw(path), Path(path).resolve())
+
+
+def load_raw(path: str | Path) -> dict:
+    """A scenario file's table, unvalidated. Raises ConfigError (missing file, bad TOML)."""
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -806,7 +811,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ConfigError(str(p), f"not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(str(p), exc.strerror or str(exc)) from None
-    return parse_scenario(raw, p.resolve())
+    return raw
 
 
 # -- writing the resolved scenario ---------------------------------------------------------

@@ -115,14 +115,17 @@ def test_calibration_workload_differs_from_the_replay():
                        "request_rate": 4.0, "system_prompt_tokens": 64, "num_users": 2,
                        "user_history_tokens": 32, "input_tokens": 16, "output_tokens": 8}
     sc = parse_scenario(raw, SCENARIO)
-    cal = engine.calibration_workload(raw, SCENARIO, sc)
+    before, after = engine.calibration_workload(raw, SCENARIO, sc)
     replay = engine.wire_requests(build_requests(sc))
-    # Waves of 1, 2, 4, 8, 16, 8, 4, 2, 1 requests, then the generator with another seed.
-    assert len(cal) == 46 + 10
-    assert all(r["req_id"].startswith("cal-") for r in cal)
-    assert max(len(r["prompt_token_ids"]) for r in cal) <= sc.engine.max_model_len - 64
-    gen = cal[46:]
-    assert [r["arrival_s"] - gen[0]["arrival_s"] for r in gen] != [r["arrival_s"] for r in replay]
+    # Waves of 1, 2, 4, 8, 16, 8, 4, 2, 1 requests; after the replay the generator, another seed.
+    assert len(before) == 46 and len(after) == 10
+    assert all(r["req_id"].startswith("cal-") for r in before + after)
+    assert max(len(r["prompt_token_ids"]) for r in before) <= sc.engine.max_model_len - 64
+    assert [r["arrival_s"] for r in after] != [r["arrival_s"] for r in replay]
+    # A trace is never replayed for calibration: waves of another seed instead.
+    sc = parse_scenario(load_raw())
+    before, after = engine.calibration_workload(load_raw(), SCENARIO, sc)
+    assert len(after) == 46 and after != before
 
 
 def test_metrics_parser():

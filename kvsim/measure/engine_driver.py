@@ -6,8 +6,8 @@ Runs inside the engine environment (``make_engine_env.sh``), never inside kvsim'
     python engine_driver.py --make-model SHAPE_JSON DIR   (only build the checkpoint)
 
 ``IN.json`` holds ``model`` (the Llama shape to build, or reuse, as a random-weight
-checkpoint in ``model_dir``), ``engine`` (vLLM engine arguments) and ``phases``: lists of
-requests (``req_id``, ``prompt_token_ids``, ``max_tokens``, ``arrival_s``). Each phase starts
+checkpoint in ``model_dir``), ``engine`` (vLLM engine arguments) and ``phases``: named lists,
+run in order, of requests (``req_id``, ``prompt_token_ids``, ``max_tokens``, ``arrival_s``). Each phase starts
 on an empty prefix cache and replays its requests open loop: the driver steps the engine
 itself and adds a request once its arrival time has passed on the wall clock (time.monotonic,
 the engine's own clock in-process). ``OUT.json`` gets the engine's resolved settings (the KV
@@ -71,12 +71,13 @@ def make_model(shape: dict, folder: Path) -> Path:
 def draft_folder(target: Path, method: str) -> Path:
     """A drafter checkpoint folder holding only ``config.json`` (weights: ``load_format=dummy``).
 
-    EAGLE: a one-layer ``LlamaForCausalLMEagle`` head on the target's width; ``draft_model``: the
-    target's own config (with dummy weights the drafter equals the target: full acceptance).
+    EAGLE: a one-layer Llama head on the target's width (vLLM names it ``EagleLlamaForCausalLM``);
+    ``draft_model``: the target's own config (with dummy weights the drafter equals the target:
+    full acceptance).
     """
     cfg = json.loads((target / "config.json").read_text())
     if method == "eagle":
-        cfg.update(architectures=["LlamaForCausalLMEagle"], num_hidden_layers=1)
+        cfg.update(num_hidden_layers=1)
     folder = target.with_name(f"{target.name}-{method}-draft")
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
