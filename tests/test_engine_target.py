@@ -87,6 +87,17 @@ def test_engine_replay_hits_as_derived_by_hand(engine_run):
         assert (out / f).is_file()
 
 
+def test_eagle_drops_the_last_matched_block(tmp_path):
+    # vLLM 0.32 protects an EAGLE hit by dropping its last matched block: one block (32 tokens)
+    # less wherever there was a hit (none left of a one-block hit).
+    out = tmp_path / "out"
+    assert main(["validate", "--against", "vllm-engine",
+                 str(SCENARIO.with_name("spec_eagle.toml")), "--out", str(out)]) == 0
+    cached = measured(out)
+    assert {k: cached[k] for k in SPACED} == {k: max(0, v - 32) for k, v in SPACED.items()}
+    assert [v for k, v in cached.items() if k.startswith("w")] == [224] * 8
+
+
 def test_server_replay(engine_run, tmp_path):
     _, eng = engine_run
     port = free_port()
