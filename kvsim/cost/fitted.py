@@ -31,9 +31,11 @@ a critical path (``a_crit``; the larger of work and path, smoothly, knee ``q``).
 layer profiles show both: one decode of 16,384 tokens of context costs 62 µs alone, ~5× more
 beside a 16-token prefill chunk. ``a_lm`` is the LM head and sampler per row (one per sampling
 request; 1 + k per verifying request). A profile holds one such set for the target model and
-one for the drafter's own pass (an EAGLE/MTP head: one decoder layer plus the LM head).
-``kvsim calibrate`` writes profiles; ``[cost] profile`` selects one. Pure Python: no numpy, no
-torch.
+one for the drafter's own pass (an EAGLE/MTP head: one decoder layer plus the LM head), or,
+with ``"draft_in_target": true``, one set fitted to whole engine steps whose times include the
+drafter's passes (``"whole_engine_steps": true``: ``t0`` holds the engine's per-step overhead,
+so ``[cost] step_overhead_s`` is not added). ``kvsim calibrate`` writes profiles; ``[cost]
+profile`` selects one. Pure Python: no numpy, no torch.
 """
 
 from __future__ import annotations
@@ -94,6 +96,14 @@ def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int,
     mixed = num_prefill < num_chunks
     return (tokens, pairs, kv_prefill, 0.0, kv_decode, longest if mixed else 0.0, share, 0.0,
             float(num_chunks) if mixed else 0.0, float(num_rows))
+
+
+def step_features(chunks, num_sampled: int, max_decode_len: int = 1,
+                  experts: tuple[int, int] = (0, 0)):
+    """``features`` of a target pass: the LM head scores every verified position, 1 + k rows
+    per verifying request (a decode chunk of n tokens adds n − 1 rows to its sampled one)."""
+    rows = num_sampled + sum(n - 1 for n, _ in chunks if n <= max_decode_len)
+    return features(chunks, rows, max_decode_len, experts)
 
 
 def pass_time_s(params: dict[str, float], feats) -> float:
@@ -203,8 +213,12 @@ class FittedCost:
         # Profiles time each GPU's kernels; the all-reduces between them come from [hardware].
         self.allreduce = AllReduce(model, hw, tp)
         self.num_layers = model.num_hidden_layers
-        self.overhead_s = cost.step_overhead_s
-        if spec is not None and spec.enabled and spec.method != "ngram":
+        # A profile timed from whole engine steps has the engine's own overhead in its ``t0``.
+        self.overhead_s = 0.0 if profile.get("whole_engine_steps") is True else cost.step_overhead_s
+        # A profile timed from whole engine steps (``kvsim validate --against vllm-engine``)
+        # has the drafter's passes inside its target coefficients.
+        drafter_timed = profile.get("draft_in_target") is True
+        if spec is not None and spec.enabled and spec.method != "ngram" and not drafter_timed:
             if spec.method == "draft_model":
                 raise ConfigError("cost.profile", "a fitted profile has no draft-model pass; use the "
                                   "roofline for method = 'draft_model'")
@@ -219,9 +233,7 @@ class FittedCost:
 
     def step_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``)."""
-        # The LM head scores every verified position: 1 + k rows per verifying request.
-        rows = num_sampled + sum(n - 1 for n, _ in chunks if n <= self.max_decode_len)
-        feats = features(chunks, rows, self.max_decode_len, self.experts)
+        feats = step_features(chunks, num_sampled, self.max_decode_len, self.experts)
         return (self.overhead_s + pass_time_s(self.target, feats)
                 + self.allreduce.time_s(feats[0], self.num_layers))
 
