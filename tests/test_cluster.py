@@ -462,6 +462,12 @@ def test_validate_refuses_a_cluster(tmp_path, capsys):
     assert capsys.readouterr().err == ("kvsim: error: s.toml: [cluster]: validate checks one engine "
                                        "against vLLM's Scheduler; remove the section (each replica "
                                        "is such an engine)\n")
+    for target in ("vllm-engine", "vllm-server"):
+        assert main(["validate", "--against", target, str(p), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kvsim: error: s.toml: [cluster]: validation replays into one") and \
+            err.count("\n") == 1, target
+        assert not (tmp_path / "o").exists()
 
 
 def test_the_mooncake_cluster_scenario_parses_up_to_its_trace(tmp_path, monkeypatch):

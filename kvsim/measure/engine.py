@@ -267,6 +267,9 @@ def prepare(path: Path, local: bool = True):
 
     raw = load_raw(path)
     sc = parse_scenario(raw, path.resolve())
+    if sc.cluster is not None:
+        raise ConfigError(f"{path.name}: [cluster]", "validation replays into one engine or "
+                          "server; remove the section (each replica is such an engine)")
     if local:
         check_scenario(sc)
     specs = build_requests(sc)
