@@ -17,7 +17,7 @@ import pytest
 from kvsim.calibrate.fit import fit_features
 from kvsim.cli import main
 from kvsim.config import parse_scenario
-from kvsim.cost.fitted import PARAMS, PROFILE_FORMAT, SHAPE_KEYS, FittedCost, features
+from kvsim.cost.fitted import PARAMS, PROFILE_FORMAT, SHAPE_KEYS, FittedCost, features, pass_time_s
 from kvsim.measure import compare, engine, server
 from kvsim.workload import build_requests
 
@@ -214,3 +214,24 @@ def test_bad_url(tmp_path, capsys):
     prof = tiny_profile(tmp_path, sc, False)
     one_line_error(capsys, ["validate", "--against", "vllm-server", str(scenario_file(tmp_path, [])),
                             "--profile", str(prof), "--url", "ftp://x"], "--url")
+
+
+def test_mean_unbiased_fit_gets_the_mean_step_under_skewed_noise():
+    # Steps t0 + a_tok*T times lognormal noise of mean 1 (median exp(-sigma^2/2) = 0.88 at
+    # sigma 0.5): the relative fit follows the median, the mean-unbiased one the mean, which
+    # latencies (sums of steps) need.
+    rng = np.random.default_rng(1)
+    sigma = 0.5
+    feats, y = [], []
+    for _ in range(2000):
+        chunks = [(int(rng.integers(2, 400)), 0)]
+        f = features(chunks, 1)
+        feats.append(f)
+        y.append((0.004 + 2e-5 * f[0]) * rng.lognormal(-sigma ** 2 / 2, sigma))
+    feats, y = np.array(feats), np.array(y)
+    true_total = float(np.sum(0.004 + 2e-5 * feats[:, 0]))
+    rel, _, _ = fit_features(feats, y, np.random.default_rng(0))
+    mean, _, _ = fit_features(feats, y, np.random.default_rng(0), mean_unbiased=True)
+    total = {name: sum(pass_time_s(p, f) for f in feats) for name, p in (("rel", rel), ("mean", mean))}
+    assert total["mean"] == pytest.approx(true_total, rel=0.03)
+    assert total["rel"] < 0.95 * true_total

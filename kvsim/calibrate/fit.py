@@ -103,8 +103,9 @@ def predict(x: np.ndarray, feats: np.ndarray) -> np.ndarray:
 KNEES = ((1.5, 2.0), (4.0, 2.0), (10.0, 4.0))
 
 
-def _fit_params(feats: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares on relative residuals, from a non-negative linear start, for a few knees."""
+def _fit_params(feats: np.ndarray, y: np.ndarray, mean_unbiased: bool = False) -> np.ndarray:
+    """Least squares on relative residuals, from a non-negative linear start, for a few knees;
+    with ``mean_unbiased``, refined by plain least squares on the seconds themselves."""
     from scipy.optimize import least_squares, nnls
 
     # Linear start (p = q = 1, w = 0): t0, then one coefficient per feature column.
@@ -135,7 +136,11 @@ def _fit_params(feats: np.ndarray, y: np.ndarray) -> np.ndarray:
                           max_nfev=3000)
         if best is None or r.cost < best.cost:
             best = r
-    return best.x
+    if not mean_unbiased:
+        return best.x
+    r = least_squares(lambda x: predict(x, feats) - y, np.clip(best.x, lo + 1e-15, hi), bounds=(lo, hi),
+                      x_scale=np.maximum(np.abs(best.x), 1e-12), max_nfev=3000)
+    return r.x
 
 
 def _errors_pct(x, feats, y) -> dict:
@@ -150,15 +155,19 @@ def fit_pass(col: dict[str, np.ndarray], rng: np.random.Generator,
     return fit_features(feature_matrix(col, experts), col["step_s"], rng)
 
 
-def fit_features(feats: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[dict, dict, dict]:
+def fit_features(feats: np.ndarray, y: np.ndarray, rng: np.random.Generator,
+                 mean_unbiased: bool = False) -> tuple[dict, dict, dict]:
     """Fit measured passes given as rows of ``kvsim.cost.fitted.features`` and seconds ``y``.
 
+    The relative fit suits timed kernels (steady, errors in proportion). ``mean_unbiased``
+    suits noisy, right-skewed times such as whole engine steps on a shared CPU: a latency is a
+    sum of steps, so the fit should get the mean step right, not the median ratio.
     Returns (params, held-out error, training error)."""
     n = len(y)
     order = rng.permutation(n)
     num_held = int(round(n * HELDOUT_FRACTION)) if n >= 10 else 0
     held, train = order[:num_held], order[num_held:]
-    x = _fit_params(feats[train], y[train])
+    x = _fit_params(feats[train], y[train], mean_unbiased)
     params = {k: float(v) for k, v in zip(PARAMS, x)}
     held_err = _errors_pct(x, feats[held], y[held]) if num_held else None
     return params, held_err, _errors_pct(x, feats[train], y[train])
