@@ -59,8 +59,11 @@ class SegmentTokens:
         return self.n
 
     def window(self, start: int, end: int) -> tuple[int, ...]:
-        out: list[int] = []
         i = bisect_right(self.offsets, start) - 1
+        if i + 1 == len(self.offsets) or end <= self.offsets[i + 1]:  # within one run
+            base = self.firsts[i] - self.offsets[i]
+            return tuple(range(base + start, base + end))
+        out: list[int] = []
         pos = start
         while pos < end:
             seg_end = self.offsets[i + 1] if i + 1 < len(self.offsets) else self.n
@@ -152,6 +155,8 @@ class Request:
         p = self.num_prompt_tokens
         if end <= p:
             return self.prompt.window(start, end)
+        if start >= p:
+            return (self.output_token_id,) * (end - start)
         head = self.prompt.window(start, p) if start < p else ()
         return head + (self.output_token_id,) * (end - max(start, p))
 

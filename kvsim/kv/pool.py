@@ -143,13 +143,17 @@ class BlockPool:
         return entry is blk or (isinstance(entry, dict) and blk.block_id in entry)
 
     def _insert_hash(self, key: int, blk: Block, num_tokens: int) -> None:
+        entry = self.cached.get(key)
+        if entry is None and blk.block_hash is None:  # the common case: a new key, a bare block
+            blk.block_hash, blk.hash_tokens = key, num_tokens
+            self.cached[key] = blk
+            return
         if blk.block_hash == key or self._contains(key, blk):
             return
         if blk.block_hash is None:
             blk.block_hash, blk.hash_tokens = key, num_tokens
         else:
             self.extra_hashes.setdefault(blk.block_id, set()).add(key)
-        entry = self.cached.get(key)
         if entry is None:
             self.cached[key] = blk
         elif isinstance(entry, Block):
@@ -159,6 +163,10 @@ class BlockPool:
 
     def _remove_hashes(self, blk: Block) -> None:
         """Drop every key the block is published under (eviction, or promotion)."""
+        if self.cached.get(blk.block_hash) is blk and blk.block_id not in self.extra_hashes:
+            del self.cached[blk.block_hash]  # the common case: one key, no duplicate content
+            blk.block_hash, blk.hash_tokens = None, 0
+            return
         keys = [blk.block_hash, *self.extra_hashes.pop(blk.block_id, ())]
         for h in keys:
             entry = self.cached.get(h)
