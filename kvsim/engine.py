@@ -196,7 +196,13 @@ def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accep
 def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
                  results=None, alone=False):
     limits = sc.run
-    steps = rec.steps if results is None else _StepSink(results)
+    if results is None:
+        steps = rec.steps
+
+        def decode_record(*fields):
+            steps.append(_decode_record(*fields))
+    else:
+        steps, decode_record = _StepSink(results), results.decode_step
     # vLLM's EngineCore: synchronous scheduling runs schedule -> execute -> update; with
     # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
     # executes (its outputs are applied after), and the queue fills first (0.19/0.22 only
@@ -223,8 +229,8 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
                                    else limits.max_steps - step)
             if k:
                 done = yield from fastforward.run(
-                    env, sched, cost, queue, steps, arrivals, step, k, limits.max_sim_time_s,
-                    _decode_record, progress, num_finished)
+                    env, sched, cost, queue, arrivals, step, k, limits.max_sim_time_s,
+                    decode_record, progress, num_finished)
                 if done:
                     step += done
                     continue
@@ -304,7 +310,8 @@ class _StepSink:
 
 def _decode_record(step, start, duration, num_running, num_waiting, num_free_blocks,
                    kv_usage) -> StepRecord:
-    """The record ``_step_record`` makes of a fast-forwarded decode step (no drafting)."""
+    """The record ``_step_record`` makes of a fast-forwarded decode step (no drafting;
+    ``metrics.Results.decode_step`` writes the same line)."""
     return StepRecord(step, start, duration, 0.0, num_running, 0, 0, num_running, num_running, 0,
                       num_running, num_waiting, num_free_blocks, kv_usage, 0, 0, 0, 0)
 

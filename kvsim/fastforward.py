@@ -8,12 +8,18 @@ batch again, one token further. Inside such a window the only calls with an effe
 ``allocate_slots(req, 1)`` that cross a block boundary (a block is popped from the free
 queue) or complete a block (its hash is published; with asynchronous scheduling the
 ``cache_blocks`` after the outputs arrive then finds nothing new). ``run`` makes exactly
-those calls, in the order step-by-step simulation makes them (step, then position in the
-running list), with each request's counters set as they would be then, and moves the
-counters of all requests at the end.
+those calls: the window's pops in one ``get_new_blocks`` (the free queue changes by nothing
+else inside a window, so the same blocks come off in the same order and evict the same
+hashes), handed out in step-by-step order (step, then position in the running list); the
+publications in that order, with each request's counters set as they would be then (the
+block hashes computed beforehand, a request at a time: hash ids are interned in another
+order, and only their equality is ever read); then it moves the counters of all requests.
 
-Step times and records are those of step-by-step simulation: each step is its own clock
-tick, timed by the cost model's ``decode_step_time_s`` (the step's chunks ``(1, c)`` enter
+Step times and records are those of step-by-step simulation: each step has its own start
+time, ``t_{j+1} = t_j + d_j`` as SimPy adds them, and the clock jumps to the window's end
+in one timeout when that lands on the same float (else one timeout per step; the engine
+is alone on its clock). A step is timed by the cost model's ``decode_step_time_s`` (the
+step's chunks ``(1, c)`` enter
 the cost models only through whole-number sums, Σ(c + 1) and the chunk count, which it is
 given exactly; every other feature of a pure decode step, the MoE expert share included, is
 fixed by the chunk count). The window stops before any step where step-by-step simulation
@@ -24,6 +30,8 @@ flight, as the engine loop would.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left
 
 from kvsim.kv.manager import KVCacheManager
 from kvsim.sched import Chunk, StepPlan
@@ -113,43 +121,77 @@ def _events(kv, reqs, k: int) -> tuple[list[int], list[int]]:
     return pops, events
 
 
-def run(env, sched, cost, queue, steps, arrivals, step: int, k: int,
+def run(env, sched, cost, queue, arrivals, step: int, k: int,
         max_sim_time_s: float | None, record, progress, num_finished: int):
     """Simulate up to ``k`` decode steps, the next to schedule being ``step`` (a SimPy
     generator); returns how many were scheduled. Arrivals join the waiting queue as they
     would (join step, order); an arrival that could be admitted, or ``max_sim_time_s``,
-    ends the window."""
+    ends the window.
+
+    The engine must be alone on its clock: the window's steps are timed first (step j
+    starts at ``t_j``, ``t_{j+1} = t_j + d_j``, the sums SimPy makes step by step), then
+    its block events are made, and the clock moves to the window's end in one timeout when
+    that lands on the same float (else one timeout per step)."""
     running = sched.running
     num_running = len(running)
     kv = sched.kv
     pool = kv.pool
     pops, events = _events(kv, running, k)
-    if len(pops) > pool.num_free_blocks:
-        k = pops[pool.num_free_blocks]  # that step's allocation would fail: stop before it
+    num_free = pool.num_free_blocks
+    if len(pops) > num_free:
+        k = pops[num_free]  # that step's allocation would fail: stop before it
         if k == 0:
             return 0
-        events = [e for e in events if e < 2 * k * num_running]
-    events.sort()
-    tables = kv.req_to_blocks
-    base = [(r.num_computed_tokens, r.num_output_tokens) for r in running]
     # The step executed while step + j is scheduled: step + j itself, or the one before.
     lag = 1 if queue else 0
+    base = [(r.num_computed_tokens, r.num_output_tokens) for r in running]
     sum_context = sum(c for c, _ in base) - lag * num_running
     full = num_running >= sched.params.max_num_seqs
-    waiting = sched.waiting
-    ei, num_events = 0, len(events)
-    done = 0
+    wake = arrivals.next_arrival_s()
+    # Step times, and where the window stops: a run limit, or an arrival that could join.
+    starts: list[float] = []
+    durations: list[float] = []
+    t = env.now
+    step_time = cost.decode_step_time_s
     for j in range(k):
-        now = env.now
-        if max_sim_time_s is not None and now >= max_sim_time_s:
+        if (max_sim_time_s is not None and t >= max_sim_time_s) or (
+                not full and wake is not None and wake <= t):
             break
-        wake = arrivals.next_arrival_s()
-        if wake is not None and wake <= now:
-            if not full:
-                break
+        d = step_time(num_running, sum_context + (j + 1) * num_running)
+        starts.append(t)
+        durations.append(d)
+        t = t + d
+    done = len(durations)
+    if not done:
+        return 0
+    end = 2 * done * num_running
+    events = sorted(e for e in events if e < end)
+    # The free queue changes only by these pops inside a window (nothing is freed or
+    # touched), and a popped block is never one published here: popping them all at once
+    # evicts the same hashes, in the same order, and leaves the same hash map.
+    num_pops = bisect_left(pops, done)
+    blocks = iter(pool.get_new_blocks(num_pops))
+    if kv.enable_caching:
+        # Each request's block hashes up to what the window's last step publishes, in one
+        # pass (ids are interned in another order than step by step; only their equality
+        # is ever looked at).
+        b, hasher = kv.block_size, kv.hasher
+        for r, (_, out) in zip(running, base):
+            r.num_output_tokens = out + done - 1
+            hasher.block_hashes(r, (r.num_prompt_tokens + out + done - 1) // b)
+            r.num_output_tokens = out
+    tables = kv.req_to_blocks
+    waiting = sched.waiting
+    usage = pool.usage_at
+    ei, num_events = 0, len(events)
+    pi = 0
+    for j in range(done):
+        now = starts[j]
+        if wake is not None and wake <= now:  # a full batch: arrivals wait
             for r in arrivals.arrived(now):
                 r.join_step = step + j
                 sched.add_request(r)
+            wake = arrivals.next_arrival_s()
         limit = 2 * (j + 1) * num_running
         while ei < num_events and events[ei] < limit:
             i, fill = divmod(events[ei] - 2 * j * num_running, 2)
@@ -159,18 +201,22 @@ def run(env, sched, cost, queue, steps, arrivals, step: int, k: int,
                 r.num_computed_tokens, r.num_output_tokens = c + j + 1, out + j
                 kv.cache_blocks(r, r.num_prompt_tokens + out + j)
             else:
-                tables[r.req_id].extend(pool.get_new_blocks(1))
+                tables[r.req_id].append(next(blocks))
+                pi += 1
             ei += 1
-        duration = cost.decode_step_time_s(num_running, sum_context + j * num_running + num_running)
-        yield env.timeout(duration)
-        steps.append(record(step + j - lag, now, duration, num_running, len(waiting),
-                            pool.num_free_blocks, pool.usage()))
-        done = j + 1
+        free = num_free - pi
+        record(step + j - lag, now, durations[j], num_running, len(waiting), free, usage(free))
         if progress is not None:
-            progress(step + done - lag, env.now, num_finished, arrivals.total)
+            progress(step + j + 1 - lag, now + durations[j], num_finished, arrivals.total)
+    delay = t - env.now
+    if env.now + delay == t:
+        yield env.timeout(delay)
+    else:
+        for d in durations:
+            yield env.timeout(d)
     for r, (c, out) in zip(running, base):
         r.num_computed_tokens, r.num_output_tokens = c + done, out + done
-    if lag and done:
+    if lag:
         # The last step scheduled stays in flight.
         queue[0] = (StepPlan(scheduled=[Chunk(r, 1, r.num_computed_tokens - 1, samples=True)
                                         for r in running]), step + done - 1)

@@ -116,6 +116,17 @@ class Results:
         self.usage.append(s.kv_usage)
         self.draft_s += s.draft_s
 
+    def decode_step(self, step, start, duration, num_running, num_waiting, num_free_blocks,
+                    kv_usage) -> None:
+        """``step(engine._decode_record(...))`` without making the record (a fast-forwarded
+        decode step: no drafting, no prefix-cache lookups)."""
+        self._steps.write(f"{step},{_fmt(start)},{_fmt(duration)},0,{num_running},0,0,"
+                          f"{num_running},{num_running},0,{num_running},{num_waiting},"
+                          f"{num_free_blocks},{_fmt(kv_usage)},0,0,0,0\n")
+        self.num_steps += 1
+        self.usage.append(kv_usage)
+        self.draft_s += 0.0
+
     def request(self, r) -> None:
         """A final request of a streamed run (written once every earlier one is)."""
         if r.seq != self._next_seq:

@@ -1,9 +1,10 @@
 """Chained full-block hashes, as vLLM's ``hash_block_tokens`` chains them.
 
 vLLM hashes ``(parent_hash, tuple(block_tokens), extra_keys)`` with sha256; kvsim needs only
-equality, so it interns the same triple to a small integer. Two blocks get the same id
-exactly when their whole prefixes are equal, with no collisions. Only full blocks are hashed;
-a partial tail never is.
+equality, so it interns ``(parent id, block content)`` to a small integer, the content in a
+canonical form (``request.block_content``: a run of consecutive ids is its first id). Two
+blocks get the same id exactly when their whole prefixes are equal, with no collisions. Only
+full blocks are hashed; a partial tail never is.
 
 With ``lookahead`` L > 0 (vLLM 0.33's lookahead block hashes for EAGLE-family drafters) the
 key of block i also holds the L tokens after it, so the block becomes hashable only once
@@ -58,9 +59,12 @@ class BlockHasher:
         limit = min(num_blocks, (req.num_tokens - la) // b)
         ids = self._ids
         parent = hashes[-1] if hashes else None
-        window, next_id = req.token_window, self._next
-        for start in range(len(hashes) * b, limit * b, b):
-            key = (parent, window(start, start + b + la))
+        first = len(hashes) * b
+        if first >= limit * b:
+            return hashes
+        next_id = self._next
+        for content in req.block_contents(first, limit - len(hashes), b, b + la):
+            key = (parent, content)
             h = ids.get(key)
             if h is None:
                 h = ids[key] = next_id
