@@ -9,6 +9,17 @@ import time
 from pathlib import Path
 
 
+def kvsim_env(cache: Path) -> dict:
+    """The environment kvsim runs in: modules byte-compiled once and reused, as an installed
+    package's are (under PYTHONDONTWRITEBYTECODE=1 every run would compile every module
+    again); the byte-code goes under ``cache`` (PYTHONPYCACHEPREFIX, unless already set),
+    not beside the sources."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.setdefault("PYTHONPYCACHEPREFIX", str(cache))
+    return env
+
+
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, int, int]:
     """Run ``cmd``; (wall seconds, exit status, peak RSS in MiB) of the child process."""
     start = time.perf_counter()
