@@ -120,9 +120,10 @@ class Results:
                     kv_usage) -> None:
         """``step(engine._decode_record(...))`` without making the record (a fast-forwarded
         decode step: no drafting, no prefix-cache lookups)."""
-        self._steps.write(f"{step},{_fmt(start)},{_fmt(duration)},0,{num_running},0,0,"
+        # (_fmt inline: the times and the usage are floats, or a clock's first 0)
+        self._steps.write(f"{step},{start:.9g},{duration:.9g},0,{num_running},0,0,"
                           f"{num_running},{num_running},0,{num_running},{num_waiting},"
-                          f"{num_free_blocks},{_fmt(kv_usage)},0,0,0,0\n")
+                          f"{num_free_blocks},{kv_usage:.9g},0,0,0,0\n")
         self.num_steps += 1
         self.usage.append(kv_usage)
         self.draft_s += 0.0

@@ -139,7 +139,9 @@ class KVCacheManager:
         num_full = (num_tokens - self.num_reprefillable) // self.block_size
         if num_cached >= num_full or not self.enable_caching:
             return
-        hashes = self.hasher.block_hashes(req, num_full)
+        hashes = req.block_hashes
+        if len(hashes) < num_full:  # (else block_hashes would return them as they are)
+            hashes = self.hasher.block_hashes(req, num_full)
         num_full = min(num_full, len(hashes))  # lookahead hashes trail the tokens
         if num_cached >= num_full:
             return
