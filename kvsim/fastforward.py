@@ -177,9 +177,11 @@ def run(env, sched, cost, queue, arrivals, step: int, k: int,
         # is ever looked at).
         b, hasher = kv.block_size, kv.hasher
         for r, (_, out) in zip(running, base):
-            r.num_output_tokens = out + done - 1
-            hasher.block_hashes(r, (r.num_prompt_tokens + out + done - 1) // b)
-            r.num_output_tokens = out
+            num_full = (r.num_prompt_tokens + out + done - 1) // b
+            if num_full > len(r.block_hashes):
+                r.num_output_tokens = out + done - 1
+                hasher.block_hashes(r, num_full)
+                r.num_output_tokens = out
     tables = kv.req_to_blocks
     waiting = sched.waiting
     usage = pool.usage_at
