@@ -171,7 +171,7 @@ SPECULATIVE_KEYS = (
 )
 
 TRACE_FORMATS = ("kvsim", "mooncake", "azure")
-GENERATOR_NAMES = ("shared_prefix", "multi_turn", "rag", "agent")
+GENERATOR_NAMES = ("shared_prefix", "multi_turn", "rag", "agent", "trace_lengths")
 TRACE_ONLY_KEYS = ("path", "format", "speedup", "window_start_s", "window_end_s", "sample_fraction")
 
 WORKLOAD_KEYS = (
@@ -179,8 +179,8 @@ WORKLOAD_KEYS = (
         choices=("trace", "synthetic")),
     Key("trace", "str", None, "A known public trace by name (`kvsim traces`), read from the trace "
         "cache (`$KVSIM_TRACE_DIR`, else `~/.cache/kvsim/traces`). Give `trace` or `path`."),
-    Key("path", "str", None, "Trace file, relative to the scenario file (kind = trace, or "
-        "arrival = trace)."),
+    Key("path", "str", None, "Trace file, relative to the scenario file (kind = trace, "
+        "arrival = trace, or generator = trace_lengths)."),
     Key("format", "str", None, "Trace format: `kvsim` JSONL, `mooncake` JSONL (hash ids), `azure` "
         "CSV. Default: the named trace's format, else `kvsim`.", choices=TRACE_FORMATS, derived=True),
     Key("speedup", "float", 1.0, "Replay the trace this many times faster: arrival times (after the "
@@ -414,8 +414,9 @@ class WorkloadCfg:
 
     @property
     def reads_trace(self) -> bool:
-        """A trace file is read: for its requests, or for arrival times only."""
-        return self.kind == "trace" or self.arrival == "trace"
+        """A trace file is read: for its requests, or for arrival times or lengths only."""
+        return self.kind == "trace" or self.arrival == "trace" or (
+            self.kind == "synthetic" and self.generator == "trace_lengths")
 
 
 @dataclass(frozen=True, slots=True)
@@ -754,7 +755,8 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
 def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     w = _section(raw, "workload", file)
     where = f"{file}: workload"
-    reads = w["kind"] == "trace" or w["arrival"] == "trace"
+    lengths = w["kind"] == "synthetic" and w["generator"] == "trace_lengths"
+    reads = w["kind"] == "trace" or w["arrival"] == "trace" or lengths
     if reads:
         if w["trace"] is not None and w["path"] is not None:
             raise ConfigError(f"{where}.trace", "give trace (a known name) or path (a file), not both")
@@ -766,7 +768,8 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
             w["format"] = t.format
             w["path"] = traces.locate(t.name, f"{where}.trace")
         elif w["path"] is None:
-            need = "kind = 'trace'" if w["kind"] == "trace" else "arrival = 'trace'"
+            need = ("kind = 'trace'" if w["kind"] == "trace" else
+                    "generator = 'trace_lengths'" if lengths else "arrival = 'trace'")
             raise ConfigError(f"{where}.path", f"missing ({need} reads a file: give path, or trace "
                               "= a known trace name)")
         else:
@@ -783,7 +786,8 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     else:
         for key in ("path", "trace"):
             if w[key] is not None:
-                raise ConfigError(f"{where}.{key}", "only used with kind = 'trace' or arrival = 'trace'")
+                raise ConfigError(f"{where}.{key}", "only used with kind = 'trace', arrival = "
+                                  "'trace' or generator = 'trace_lengths'")
     w["format"] = w["format"] or "kvsim"
     if w["kind"] == "synthetic" and w["generator"] == "rag" and (
             w["documents_per_request"] > w["num_documents"]):

@@ -14,17 +14,22 @@ takes what the router hands it (``kvsim.cluster``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
 
 import simpy
 
+from kvsim import fastforward
 from kvsim.assemble import assemble_scheduler
 from kvsim.config import Scenario
 from kvsim.cost import COST_MODELS
+from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, RequestSpec
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.specdec import Acceptance, AcceptanceTally
+
+_MAX_WINDOW = 1 << 30  # steps of one fast-forward window when no run limit caps it
+_TRIM_HASHES = 1 << 19  # interned block hashes kept before unused ones are dropped
 
 
 @dataclass(slots=True)
@@ -84,56 +89,95 @@ def build_scheduler(sc: Scenario) -> Scheduler:
 
 
 class Arrivals:
-    """The requests of one engine, in arrival order (equal times keep their order)."""
+    """The requests of one engine, in arrival order (equal times keep their order).
 
-    def __init__(self, requests: list[Request]):
-        self._reqs = requests
-        self._next = 0
+    ``specs`` may be any iterable of ``RequestSpec``: each request is made only when it is
+    next to arrive (and appended to ``made``, when given), so a streamed run holds only the
+    requests that have arrived and not finished."""
+
+    __slots__ = ("_specs", "_made", "_seq", "_head", "total")
+
+    def __init__(self, specs: Iterable[RequestSpec], made: list[Request] | None = None):
+        self.total = len(specs) if isinstance(specs, Sized) else 0  # 0: not known
+        self._specs = iter(specs)
+        self._made = made
+        self._seq = 0
+        self._head: Request | None = None
+        self._next()
+
+    def _next(self) -> None:
+        spec = next(self._specs, None)
+        if spec is None:
+            self._head = None
+            return
+        self._head = head = Request(spec, self._seq)
+        self._seq += 1
+        if self._made is not None:
+            self._made.append(head)
 
     def advance(self, now: float) -> None:
         """Time has reached ``now`` (a cluster routes what has arrived; nothing to do here)."""
 
     def arrived(self, now: float) -> list[Request]:
         """The requests not yet handed out that have arrived by ``now``, in order."""
-        reqs, i = self._reqs, self._next
-        while i < len(reqs) and reqs[i].arrival_s <= now:
-            i += 1
-        out, self._next = reqs[self._next:i], i
+        out = []
+        while self._head is not None and self._head.arrival_s <= now:
+            out.append(self._head)
+            self._next()
         return out
 
     def next_arrival_s(self) -> float | None:
         """When the next request can arrive; None when none will."""
-        return self._reqs[self._next].arrival_s if self._next < len(self._reqs) else None
+        return None if self._head is None else self._head.arrival_s
+
+    def rest(self) -> list[Request]:
+        """Every request that has not arrived (made now)."""
+        out = []
+        while self._head is not None:
+            out.append(self._head)
+            self._next()
+        return out
 
 
-def run(sc: Scenario, specs: list[RequestSpec], check_invariants: bool = False,
+def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = False,
         progress: Callable[[int, float, int, int], None] | None = None,
-        accept: Acceptance | None = None) -> Records:
+        accept: Acceptance | None = None, results=None) -> Records:
     """Simulate ``specs`` (sorted by arrival) on the scenario's engine, or on its cluster of
     replicas behind a router (``[cluster]``); returns the records.
 
     ``accept`` replaces the scenario's acceptance model (e.g. one that records its draws).
+    With ``results`` (a ``metrics.Results``; not for a cluster) every step record and every
+    request, once final, goes there instead of into the records, and requests are made from
+    ``specs`` only as they arrive: memory stays flat however long the run.
     """
     if accept is None and sc.speculative.enabled:
         accept = Acceptance(sc.speculative, sc.run.seed)
-    requests = [Request(s, i) for i, s in enumerate(specs)]
     if sc.cluster is not None:
         from kvsim.cluster import run_cluster  # it builds on this module
 
-        rec = run_cluster(sc, requests, accept, check_invariants, progress)
-    else:
-        rec = Records(requests=requests)
-        simulate([(sc, build_scheduler(sc), Arrivals(requests), rec)], accept, check_invariants,
-                 progress)
+        if results is not None:
+            raise ValueError("a cluster run is not streamed (its result files group by replica)")
+        return run_cluster(sc, [Request(s, i) for i, s in enumerate(specs)], accept,
+                           check_invariants, progress)
+    rec = Records(requests=[])
+    arrivals = Arrivals(specs, rec.requests if results is None else None)
+    simulate([(sc, build_scheduler(sc), arrivals, rec)], accept, check_invariants, progress,
+             results)
     return rec
 
 
 def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accept: Acceptance | None,
-             check_invariants: bool = False, progress=None) -> None:
+             check_invariants: bool = False, progress=None, results=None) -> None:
     """Run one engine loop per ``(scenario, scheduler, arrivals, records)`` on one clock until
-    none has anything left to do; each fills its records."""
+    none has anything left to do; each fills its records (a lone engine: or ``results``).
+
+    A lone engine fed by ``Arrivals`` fast-forwards steady decode windows
+    (``kvsim.fastforward``) and trims its interned block hashes; replicas behind a router
+    step one by one (a router may read a replica's state at any arrival, and they share one
+    hash id space)."""
     env = simpy.Environment()
     tallies = []
+    alone = len(engines) == 1 and type(engines[0][2]) is Arrivals
     for sc, sched, arrivals, rec in engines:
         e = sc.engine
         cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
@@ -142,23 +186,33 @@ def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accep
         tally = AcceptanceTally(accept) if accept is not None else None
         tallies.append(tally)
         env.process(_engine_loop(env, sc, sched, cost, tally, rec, arrivals, check_invariants,
-                                 progress))
+                                 progress, results if alone else None, alone))
     env.run()
     for (sc, _, _, rec), tally in zip(engines, tallies):
         if tally is not None:
             rec.accepted_per_pos = tally.accepted_per_pos(sc.speculative.num_speculative_tokens)
 
 
-def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress):
-    reqs, limits = rec.requests, sc.run
+def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
+                 results=None, alone=False):
+    limits = sc.run
+    if results is None:
+        steps = rec.steps
+
+        def decode_record(*fields):
+            steps.append(_decode_record(*fields))
+    else:
+        steps, decode_record = _StepSink(results), results.decode_step
     # vLLM's EngineCore: synchronous scheduling runs schedule -> execute -> update; with
     # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
     # executes (its outputs are applied after), and the queue fills first (0.19/0.22 only
-    # after a batch that executed; their engine decides by whether the oldest batch is done,
+    # schedule the second batch once the first has executed, unless the first is empty),
     # which kvsim, like its oracle driver, takes as never: the device is busy).
     queue_size = 2 if sched.params.async_scheduling else 1
     queue: deque = deque()  # (plan, step index or None), newest first
     step = num_finished = 0
+    fast = alone and not check_invariants and fastforward.applies(sched, accept)
+    trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:
         now = env.now
         if limits.max_sim_time_s is not None and now >= limits.max_sim_time_s:
@@ -170,6 +224,16 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         for r in arrivals.arrived(now):
             r.join_step = step
             sched.add_request(r)
+        if fast and sched.running:
+            k = fastforward.window(sched, queue, _MAX_WINDOW if limits.max_steps is None
+                                   else limits.max_steps - step)
+            if k:
+                done = yield from fastforward.run(
+                    env, sched, cost, queue, arrivals, step, k, limits.max_sim_time_s,
+                    decode_record, progress, num_finished)
+                if done:
+                    step += done
+                    continue
         if sched.num_unfinished:
             plan = sched.schedule()
             executed = bool(plan.scheduled)
@@ -210,16 +274,46 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
             r.first_token_step, r.first_token_s = index, end
         for r in finished:
             r.finish_step, r.finish_s = index, end
+            r.block_hashes = []  # never looked up again
             if accept is not None:
                 accept.forget(r)
         num_finished += len(finished)
         if index is not None:
-            rec.steps.append(_step_record(index, start, duration, draft, plan, sched))
+            steps.append(_step_record(index, start, duration, draft, plan, sched))
+        if results is not None:
+            for r in finished:
+                results.request(r)
         if check_invariants:
             sched.kv.check_invariants()
+        if trim_at is not None and len(sched.kv.hasher) > trim_at:
+            sched.kv.forget_unused_hashes([*sched.running, *sched.waiting])
+            trim_at = max(_TRIM_HASHES, 2 * len(sched.kv.hasher))
         if progress is not None and index is not None:
-            progress(index + 1, end, num_finished, len(reqs))
+            progress(index + 1, end, num_finished,
+                     arrivals.total if alone else len(rec.requests))
     rec.end_s = env.now
+    if alone:
+        left = arrivals.rest()  # made now: a run cut short lists them too
+        if results is not None:
+            for r in [*sched.running, *sched.waiting, *left]:
+                results.request(r)
+
+
+class _StepSink:
+    """``steps.append`` for a run whose records stream into ``metrics.Results``."""
+
+    __slots__ = ("append",)
+
+    def __init__(self, results):
+        self.append = results.step
+
+
+def _decode_record(step, start, duration, num_running, num_waiting, num_free_blocks,
+                   kv_usage) -> StepRecord:
+    """The record ``_step_record`` makes of a fast-forwarded decode step (no drafting;
+    ``metrics.Results.decode_step`` writes the same line)."""
+    return StepRecord(step, start, duration, 0.0, num_running, 0, 0, num_running, num_running, 0,
+                      num_running, num_waiting, num_free_blocks, kv_usage, 0, 0, 0, 0)
 
 
 def _step_record(step, start, duration, draft, plan, sched) -> StepRecord:

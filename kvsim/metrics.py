@@ -9,7 +9,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, fields
+from array import array
+from dataclasses import fields
+from operator import attrgetter
 
 import numpy as np
 
@@ -51,30 +53,219 @@ def request_rows(rec: Records) -> list[dict]:
     return rows
 
 
-def _csv(columns, rows) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
-    for row in rows:
-        w.writerow([_fmt(row[c]) for c in columns])
-    return buf.getvalue()
+def _request_row(r) -> list:
+    ttft = None if r.first_token_s is None else r.first_token_s - r.arrival_s
+    e2e = None if r.finish_s is None else r.finish_s - r.arrival_s
+    tpot = None
+    if r.finish_s is not None and r.num_output_tokens > 1:
+        tpot = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
+    return [r.req_id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens, r.cached_tokens,
+            r.num_preemptions, r.join_step, r.first_scheduled_step, r.first_token_step,
+            r.finish_step, ttft, tpot, e2e]
+
+
+STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
+_step_values = attrgetter(*STEP_COLUMNS)
+# Step fields are numbers, never None: only the float ones need _fmt (an int there, as a clock
+# may start at 0, goes through _fmt too); the others are ints, written as str() does.
+_STEP_FLOATS = tuple(i for i, f in enumerate(fields(StepRecord)) if f.type == "float")
+_STEP_LINE = ",".join("{}" for _ in STEP_COLUMNS) + "\n"
+
+
+class Results:
+    """Writes requests.csv and steps.csv as records come and keeps what the summary needs.
+
+    Steps come in step order; requests in any order, each once it is final (finished, or
+    left at the end of the run): rows are written in workload order (``Request.seq`` from 0),
+    each as soon as every earlier one is. ``requests_out`` / ``steps_out`` are text streams.
+    A run held in memory (``Records``, a cluster's too: ``replicas`` adds the replica
+    columns) goes through the same class, so a streamed run and an in-memory one give the
+    same bytes and the same summary.
+    """
+
+    def __init__(self, requests_out, steps_out, replicas: bool = False):
+        self._req = csv.writer(requests_out, lineterminator="\n")
+        self._req.writerow(REQUEST_COLUMNS + (("replica",) if replicas else ()))
+        self._replicas = replicas
+        self._steps = steps_out
+        steps_out.write(",".join((("replica",) if replicas else ()) + STEP_COLUMNS) + "\n")
+        self._pending: dict[int, object] = {}
+        self._next_seq = 0
+        self.num_requests = self.num_finished = self.num_preemptions = 0
+        self.output_tokens = self.finished_prompt_tokens = 0
+        self.drafts = self.accepted = self.verifies = 0
+        self.cached = array("q")  # cached_tokens of the requests that were admitted
+        self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
+        self.num_steps = 0
+        self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
+        self.usage = array("d")
+        self.draft_s = 0
+
+    def step(self, s: StepRecord, replica: int | None = None) -> None:
+        values = list(_step_values(s))
+        for i in _STEP_FLOATS:
+            values[i] = _fmt(values[i])
+        if self._replicas:
+            self._steps.write(f"{replica},")
+        self._steps.write(_STEP_LINE.format(*values))
+        self.num_steps += 1
+        self.queries += s.prefix_cache_queries
+        self.hits += s.prefix_cache_hits
+        self.preempted_queries += s.preempted_prefix_cache_queries
+        self.preempted_hits += s.preempted_prefix_cache_hits
+        self.usage.append(s.kv_usage)
+        self.draft_s += s.draft_s
+
+    def decode_step(self, step, start, duration, num_running, num_waiting, num_free_blocks,
+                    kv_usage) -> None:
+        """``step(engine._decode_record(...))`` without making the record (a fast-forwarded
+        decode step: no drafting, no prefix-cache lookups)."""
+        # (_fmt inline: the times and the usage are floats, or a clock's first 0)
+        self._steps.write(f"{step},{start:.9g},{duration:.9g},0,{num_running},0,0,"
+                          f"{num_running},{num_running},0,{num_running},{num_waiting},"
+                          f"{num_free_blocks},{kv_usage:.9g},0,0,0,0\n")
+        self.num_steps += 1
+        self.usage.append(kv_usage)
+        self.draft_s += 0.0
+
+    def request(self, r) -> None:
+        """A final request of a streamed run (written once every earlier one is)."""
+        if r.seq != self._next_seq:
+            self._pending[r.seq] = r
+            return
+        self.write_request(r)
+        self._next_seq += 1
+        while self._next_seq in self._pending:
+            self.write_request(self._pending.pop(self._next_seq))
+            self._next_seq += 1
+
+    def write_request(self, r) -> None:
+        """Write ``r``'s row now and count it."""
+        row = _request_row(r)
+        self._req.writerow([_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else []))
+        self.num_requests += 1
+        ttft, tpot, e2e = row[-3:]
+        if r.finish_step is not None:
+            self.num_finished += 1
+            self.finished_prompt_tokens += r.num_prompt_tokens
+            self.e2e.append(e2e)
+        if r.cached_tokens is not None:
+            self.cached.append(r.cached_tokens)
+        if ttft is not None:
+            self.ttft.append(ttft)
+        if tpot is not None:
+            self.tpot.append(tpot)
+        self.output_tokens += r.num_output_tokens
+        self.num_preemptions += r.num_preemptions
+        self.drafts += r.num_drafts_proposed
+        self.accepted += r.num_drafts_accepted
+        self.verifies += r.num_verify_steps
+
+    def summary(self, sc: Scenario, rec: Records) -> dict:
+        """summary.json's content, once every step and request went through (``rec``: the
+        run's end, stop reason, cost label and acceptance counters)."""
+        if self._pending:
+            raise ValueError(f"request {self._next_seq} never went through")
+        span = rec.end_s
+        queries, hits = self.queries, self.hits
+        e = sc.engine
+        return {
+            "kvsim_version": __version__,
+            "vllm_version": e.vllm_version,
+            "model": sc.model.name,
+            "hardware": sc.hardware.name,
+            "cost_model": rec.cost_label,
+            "seed": sc.run.seed,
+            "num_requests": self.num_requests,
+            "num_finished": self.num_finished,
+            "stopped_by": rec.stopped_by,
+            "num_steps": self.num_steps,
+            "sim_time_s": span,
+            "num_gpu_blocks": e.num_gpu_blocks,
+            "num_gpu_blocks_derived": e.num_gpu_blocks_derived,
+            "block_size": e.block_size,
+            "prefix_cache_queries": queries,
+            "prefix_cache_hits": hits,
+            "prefix_cache_hit_rate": hits / queries if queries else None,
+            "preempted_prefix_cache_queries": self.preempted_queries,
+            "preempted_prefix_cache_hits": self.preempted_hits,
+            "cached_tokens_mean": float(np.mean(self.cached)) if self.cached else None,
+            "num_preemptions": self.num_preemptions,
+            "ttft_s": _dist(self.ttft),
+            "tpot_s": _dist(self.tpot),
+            "e2e_s": _dist(self.e2e),
+            "throughput": {
+                "requests_per_s": self.num_finished / span if span else None,
+                "output_tokens_per_s": self.output_tokens / span if span else None,
+                "total_tokens_per_s": ((self.output_tokens + self.finished_prompt_tokens) / span
+                                       if span else None),
+            },
+            "kv_usage": {"mean": float(np.mean(self.usage)) if self.usage else 0.0,
+                         "max": float(max(self.usage)) if self.usage else 0.0},
+            "spec_decode": self._spec_summary(sc, rec),
+            **_cluster_summary(sc, rec),
+        }
+
+    def _spec_summary(self, sc: Scenario, rec: Records) -> dict | None:
+        """vLLM's spec-decode counters: drafts, accepted drafts, mean acceptance length."""
+        if not sc.speculative.enabled:
+            return None
+        drafts, accepted, verifies = self.drafts, self.accepted, self.verifies
+        return {
+            "method": sc.speculative.method,
+            "num_speculative_tokens": sc.speculative.num_speculative_tokens,
+            "num_drafts": drafts,
+            "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafts if drafts else None,
+            "mean_acceptance_length": 1 + accepted / verifies if verifies else None,
+            # vLLM's per-position counters: position i accepted, of all verify steps.
+            "num_accepted_tokens_per_pos": rec.accepted_per_pos,
+            "acceptance_rate_per_pos": ([a / verifies for a in rec.accepted_per_pos] if verifies
+                                        else None),
+            "draft_time_s": self.draft_s,
+        }
+
+
+class _Discard:
+    """A text stream that keeps nothing (a summary needs no files)."""
+
+    @staticmethod
+    def write(text: str) -> int:
+        return len(text)
+
+
+def _in_memory(rec: Records, req=None, steps=None) -> Results:
+    """``rec`` through ``Results``: requests in list order, steps replica by replica."""
+    cluster = rec.replicas is not None
+    res = Results(_Discard if req is None else req, _Discard if steps is None else steps,
+                  cluster)
+    if cluster:
+        for i, r in enumerate(rec.replicas):
+            for s in r.steps:
+                res.step(s, i)
+    else:
+        for s in rec.steps:
+            res.step(s)
+    for r in rec.requests:
+        res.write_request(r)
+    return res
 
 
 def requests_csv(rec: Records) -> str:
-    cluster = ("replica",) if rec.replicas is not None else ()
-    return _csv(REQUEST_COLUMNS + cluster, request_rows(rec))
+    """requests.csv (a cluster run adds each request's replica)."""
+    buf = io.StringIO()
+    _in_memory(rec, req=buf)
+    return buf.getvalue()
 
 
 def steps_csv(rec: Records) -> str:
     """One row per step; a cluster run's rows start with the replica, replica by replica."""
-    columns = tuple(f.name for f in fields(StepRecord))
-    if rec.replicas is None:
-        return _csv(columns, (asdict(s) for s in rec.steps))
-    return _csv(("replica", *columns), ({"replica": i, **asdict(s)}
-                                         for i, r in enumerate(rec.replicas) for s in r.steps))
+    buf = io.StringIO()
+    _in_memory(rec, steps=buf)
+    return buf.getvalue()
 
 
-def _dist(values: list[float]) -> dict | None:
+def _dist(values) -> dict | None:
     if not values:
         return None
     a = np.asarray(values, dtype=float)
@@ -84,52 +275,7 @@ def _dist(values: list[float]) -> dict | None:
 
 
 def summarize(sc: Scenario, rec: Records) -> dict:
-    rows = request_rows(rec)
-    finished = [r for r in rows if r["finish_step"] is not None]
-    steps = rec.steps
-    queries = sum(s.prefix_cache_queries for s in steps)
-    hits = sum(s.prefix_cache_hits for s in steps)
-    out_tokens = sum(r.num_output_tokens for r in rec.requests)
-    prompt_tokens = sum(r["prompt_tokens"] for r in finished)
-    span = rec.end_s
-    usage = [s.kv_usage for s in steps]
-    admitted = [r["cached_tokens"] for r in rows if r["cached_tokens"] is not None]
-    e = sc.engine
-    return {
-        "kvsim_version": __version__,
-        "vllm_version": e.vllm_version,
-        "model": sc.model.name,
-        "hardware": sc.hardware.name,
-        "cost_model": rec.cost_label,
-        "seed": sc.run.seed,
-        "num_requests": len(rows),
-        "num_finished": len(finished),
-        "stopped_by": rec.stopped_by,
-        "num_steps": len(steps),
-        "sim_time_s": span,
-        "num_gpu_blocks": e.num_gpu_blocks,
-        "num_gpu_blocks_derived": e.num_gpu_blocks_derived,
-        "block_size": e.block_size,
-        "prefix_cache_queries": queries,
-        "prefix_cache_hits": hits,
-        "prefix_cache_hit_rate": hits / queries if queries else None,
-        "preempted_prefix_cache_queries": sum(s.preempted_prefix_cache_queries for s in steps),
-        "preempted_prefix_cache_hits": sum(s.preempted_prefix_cache_hits for s in steps),
-        "cached_tokens_mean": float(np.mean(admitted)) if admitted else None,
-        "num_preemptions": sum(r.num_preemptions for r in rec.requests),
-        "ttft_s": _dist([r["ttft_s"] for r in rows if r["ttft_s"] is not None]),
-        "tpot_s": _dist([r["tpot_s"] for r in rows if r["tpot_s"] is not None]),
-        "e2e_s": _dist([r["e2e_s"] for r in finished]),
-        "throughput": {
-            "requests_per_s": len(finished) / span if span else None,
-            "output_tokens_per_s": out_tokens / span if span else None,
-            "total_tokens_per_s": (out_tokens + prompt_tokens) / span if span else None,
-        },
-        "kv_usage": {"mean": float(np.mean(usage)) if usage else 0.0,
-                     "max": float(max(usage)) if usage else 0.0},
-        "spec_decode": _spec_summary(sc, rec),
-        **_cluster_summary(sc, rec),
-    }
+    return _in_memory(rec).summary(sc, rec)
 
 
 # Keys of a run's summary that say nothing of one replica in particular.
@@ -149,27 +295,6 @@ def _cluster_summary(sc: Scenario, rec: Records) -> dict:
                         "load_weight": c.load_weight,
                         "num_gpu_blocks_total": sum(e.num_gpu_blocks for e in c.engines)},
             "replicas": per}
-
-
-def _spec_summary(sc: Scenario, rec: Records) -> dict | None:
-    """vLLM's spec-decode counters: drafts, accepted drafts, mean acceptance length."""
-    if not sc.speculative.enabled:
-        return None
-    drafts = sum(r.num_drafts_proposed for r in rec.requests)
-    accepted = sum(r.num_drafts_accepted for r in rec.requests)
-    verifies = sum(r.num_verify_steps for r in rec.requests)
-    return {
-        "method": sc.speculative.method,
-        "num_speculative_tokens": sc.speculative.num_speculative_tokens,
-        "num_drafts": drafts,
-        "num_accepted_tokens": accepted,
-        "acceptance_rate": accepted / drafts if drafts else None,
-        "mean_acceptance_length": 1 + accepted / verifies if verifies else None,
-        # vLLM's per-position counters: position i accepted, of all verify steps.
-        "num_accepted_tokens_per_pos": rec.accepted_per_pos,
-        "acceptance_rate_per_pos": [a / verifies for a in rec.accepted_per_pos] if verifies else None,
-        "draft_time_s": sum(s.draft_s for s in rec.steps),
-    }
 
 
 def result_files(sc: Scenario, rec: Records, summary: dict) -> dict[str, str]:

@@ -37,6 +37,18 @@ class ExplicitTokens:
         return self.ids[start:end]
 
 
+def block_content(tokens: tuple[int, ...]):
+    """The canonical form of one block's tokens, as block hashes key them: the first id
+    when the ids run up by one (``a, a+1, ...``), else the tuple itself. Equal tokens give
+    equal forms (an int never equals a tuple), and a run costs no tuple."""
+    a = tokens[0]
+    size = len(tokens)
+    if tokens[-1] - a == size - 1 and (size < 2 or tokens[1] == a + 1) and (
+            size < 3 or tokens == tuple(range(a, a + size))):
+        return a
+    return tokens
+
+
 class SegmentTokens:
     """A prompt given as ``[first_token_id, length]`` runs: run ``(f, n)`` is ids ``f .. f+n-1``.
 
@@ -59,8 +71,11 @@ class SegmentTokens:
         return self.n
 
     def window(self, start: int, end: int) -> tuple[int, ...]:
-        out: list[int] = []
         i = bisect_right(self.offsets, start) - 1
+        if i + 1 == len(self.offsets) or end <= self.offsets[i + 1]:  # within one run
+            base = self.firsts[i] - self.offsets[i]
+            return tuple(range(base + start, base + end))
+        out: list[int] = []
         pos = start
         while pos < end:
             seg_end = self.offsets[i + 1] if i + 1 < len(self.offsets) else self.n
@@ -70,6 +85,24 @@ class SegmentTokens:
             pos = stop
             i += 1
         return tuple(out)
+
+
+    def block_contents(self, first: int, count: int, step: int, size: int) -> list:
+        """``block_content`` of the ``count`` windows ``[first + k*step, + size)``, all inside
+        the prompt; a window within one run is its first id without making the tuple."""
+        out = []
+        offsets, firsts, n = self.offsets, self.firsts, self.n
+        last = len(offsets) - 1
+        i = bisect_right(offsets, first) - 1
+        for start in range(first, first + count * step, step):
+            while i < last and offsets[i + 1] <= start:
+                i += 1
+            seg_end = offsets[i + 1] if i < last else n
+            if start + size <= seg_end:
+                out.append(firsts[i] - offsets[i] + start)
+            else:
+                out.append(block_content(self.window(start, start + size)))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +185,21 @@ class Request:
         p = self.num_prompt_tokens
         if end <= p:
             return self.prompt.window(start, end)
+        if start >= p:
+            return (self.output_token_id,) * (end - start)
         head = self.prompt.window(start, p) if start < p else ()
         return head + (self.output_token_id,) * (end - max(start, p))
+
+    def block_contents(self, first: int, count: int, step: int, size: int) -> list:
+        """``block_content`` of the token windows ``[first + k*step, + size)``, k < ``count``."""
+        end = first + (count - 1) * step + size
+        p = self.num_prompt_tokens
+        if end <= p and type(self.prompt) is SegmentTokens:
+            return self.prompt.block_contents(first, count, step, size)
+        if first >= p:  # outputs only: every window is the same
+            return [block_content((self.output_token_id,) * size)] * count
+        tokens = self.token_window(first, end)
+        return [block_content(tokens[k:k + size]) for k in range(0, count * step, step)]
 
     def __repr__(self) -> str:
         return (f"Request({self.req_id!r}, computed={self.num_computed_tokens}, "

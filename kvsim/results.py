@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from kvsim.errors import ConfigError
@@ -19,12 +20,11 @@ from kvsim.errors import ConfigError
 RESULT_FILES = ("requests.csv", "steps.csv", "summary.json", "scenario.resolved.toml")
 
 
-def write_results(out: Path, files: dict[str, str], extra=None) -> None:
-    """Write into a temporary sibling folder, then rename: a folder named ``out`` is complete.
-
-    ``files`` maps relative paths to text; ``extra(tmp_dir)`` may write more (figures). An
-    existing result folder ``out`` is replaced; any other existing ``out`` raises ConfigError.
-    """
+@contextmanager
+def result_folder(out: Path):
+    """A temporary sibling folder to write into, renamed to ``out`` once the block ends
+    without an error (else removed): a folder named ``out`` is complete. An existing result
+    folder ``out`` is replaced; any other existing ``out`` raises ConfigError."""
     if out.exists() and (not out.is_dir() or not (out / "summary.json").exists()):
         raise ConfigError(str(out), "exists and is not a kvsim result folder; choose another --out")
     try:
@@ -33,17 +33,24 @@ def write_results(out: Path, files: dict[str, str], extra=None) -> None:
     except OSError as exc:
         raise ConfigError(str(out), f"cannot create the result folder: {exc.strerror or exc}") from None
     try:
-        for name, text in files.items():
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_text(text, encoding="utf-8")
-        if extra is not None:
-            extra(tmp)
+        yield tmp
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_results(out: Path, files: dict[str, str], extra=None) -> None:
+    """Write ``files`` (relative paths to text) into ``out`` through ``result_folder``;
+    ``extra(tmp_dir)`` may write more (figures)."""
+    with result_folder(out) as tmp:
+        for name, text in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text, encoding="utf-8")
+        if extra is not None:
+            extra(tmp)
 
 
 def write_file(path: Path, text: str) -> None:

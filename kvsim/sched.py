@@ -125,6 +125,9 @@ class _FcfsQueue:
     def pop(self) -> Request:
         return self._q.popleft()
 
+    def __iter__(self):
+        return iter(self._q)
+
     def __len__(self) -> int:
         return len(self._q)
 
@@ -151,6 +154,9 @@ class _PriorityQueue:
 
     def pop(self) -> Request:
         return heapq.heappop(self._h)[-1]
+
+    def __iter__(self):
+        return (e[-1] for e in self._h)
 
     def __len__(self) -> int:
         return len(self._h)
@@ -270,6 +276,7 @@ class Scheduler:
                           threshold: int) -> bool:
         p, kv, running, spec = self.params, self.kv, self.running, self.spec
         slots = self.draft_slots
+        npl = spec.num_prefill_lookahead
         prefill_scheduled = False
         idx = 0
         while idx < len(running) and budget[0] > 0:
@@ -281,13 +288,14 @@ class Scheduler:
             if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
                 idx += 1  # async: the step in flight already reaches max_tokens
                 continue
-            n = req.num_tokens + req.num_draft_tokens + placeholders - computed
+            n = req.num_prompt_tokens + req.num_output_tokens + req.num_draft_tokens + placeholders - computed
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget[0], budget[1] - slots, p.max_model_len - computed - 1)
             if kv.mamba_align:
                 n = self._mamba_block_aligned_split(req, n)
-            n = self._reserve_prefill_lookahead(req, computed, n)
+            if npl:
+                n = self._reserve_prefill_lookahead(req, computed, n)
             if n <= 0:
                 idx += 1
                 continue
@@ -426,6 +434,9 @@ class Scheduler:
         is_async = self.params.async_scheduling
         max_model_len = self.params.max_model_len
         in_flight = self.sem.has_num_in_flight_tokens
+        cache_after_verify = self.sem.cache_after_verify
+        publish_after_placeholders = is_async and self.sem.async_publish_after_placeholders
+        cache_blocks = self.kv.cache_blocks
         for c in plan.scheduled:
             req = c.req
             if in_flight:
@@ -456,23 +467,24 @@ class Scheduler:
             stopped = False
             for i in range(1, num_new + 1):
                 req.num_output_tokens += 1
-                if req.num_tokens >= max_model_len or req.num_output_tokens >= req.max_tokens:
-                    if self.sem.cache_after_verify and not stale:
+                if (req.num_prompt_tokens + req.num_output_tokens >= max_model_len
+                        or req.num_output_tokens >= req.max_tokens):
+                    if cache_after_verify and not stale:
                         req.num_computed_tokens -= num_new - i  # trimmed at the stop
                     stopped = True
                     break
-            if is_async and self.sem.async_publish_after_placeholders:
+            if publish_after_placeholders:
                 if not stale:
                     req.num_output_placeholders -= i  # the tokens kept
                 if was_running:
-                    self.kv.cache_blocks(req, req.num_computed_tokens - req.num_output_placeholders)
+                    cache_blocks(req, req.num_computed_tokens - req.num_output_placeholders)
             else:
                 if not stale and had_placeholders:
                     req.num_output_placeholders -= num_new  # the untrimmed count
-                if (self.sem.cache_after_verify and not stale and was_running
+                if (cache_after_verify and not stale and was_running
                         and (had_placeholders or k)):
                     # Verified tokens (accepted drafts, async outputs) are published now.
-                    self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+                    cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
             if stopped:
                 req.status = Status.FINISHED
                 if not was_running:

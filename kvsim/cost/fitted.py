@@ -237,6 +237,16 @@ class FittedCost:
         return (self.overhead_s + pass_time_s(self.target, feats)
                 + self.allreduce.time_s(feats[0], self.num_layers))
 
+    def decode_step_time_s(self, num_seqs: int, kv_read: int) -> float:
+        """``step_time_s`` of a pure decode step: ``num_seqs`` chunks ``(1, c)``, one sampled
+        row each, with Σ(c + 1) = ``kv_read`` (the features ``features`` gives it, built
+        directly: whole-number sums below 2**53 are exact, E depends on T alone)."""
+        tokens = float(num_seqs)
+        feats = (tokens, 0.0, 0.0, float(kv_read), 0.0, 0.0,
+                 expert_share(tokens, *self.experts), tokens, 0.0, float(num_seqs))
+        return (self.overhead_s + pass_time_s(self.target, feats)
+                + self.allreduce.time_s(tokens, self.num_layers))
+
     def draft_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds the drafter adds: one pass over the step's chunks, then k − 1 one-row passes."""
         if self.drafter is None or not num_sampled:

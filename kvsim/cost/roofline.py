@@ -58,6 +58,11 @@ class _Pass:
             tokens += n
             pairs += n * (c + (n + 1) / 2)
             kv_read += c + n
+        return self.time_of(tokens, pairs, kv_read, num_rows, flops_per_s, bytes_per_s)
+
+    def time_of(self, tokens: float, pairs: float, kv_read: float, num_rows: int,
+                flops_per_s: float, bytes_per_s: float) -> float:
+        """``time_s`` from the chunks' sums: tokens Σn, pairs Σn·(c + (n+1)/2), KV read Σ(c + n)."""
         flops = (self.linear_flops_per_token * tokens + self.lm_head_flops_per_row * num_rows
                  + self.attn_flops_per_pair * pairs)
         nbytes = self.weight_bytes + self.kv_bytes_per_token * (kv_read + tokens)
@@ -114,6 +119,15 @@ class RooflineCost:
         tokens = sum(n for n, _ in chunks)
         return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
                                                      self.bytes_per_s)
+                + self.allreduce.time_s(tokens, self.num_layers))
+
+    def decode_step_time_s(self, num_seqs: int, kv_read: int) -> float:
+        """``step_time_s`` of a pure decode step: ``num_seqs`` chunks ``(1, c)``, one sampled
+        row each, with Σ(c + 1) = ``kv_read``. The sums are whole numbers far below 2**53,
+        so they are exactly the floats ``step_time_s`` adds up (the same seconds, bit for bit)."""
+        tokens, kv = float(num_seqs), float(kv_read)
+        return (self.overhead_s + self.target.time_of(tokens, kv, kv, num_seqs, self.flops_per_s,
+                                                      self.bytes_per_s)
                 + self.allreduce.time_s(tokens, self.num_layers))
 
     def draft_time_s(self, chunks, num_sampled: int) -> float:

@@ -94,16 +94,29 @@ class KVCacheManager:
         ``full_sequence_must_fit`` (vLLM's ``scheduler_reserve_full_isl``), a request is
         admitted only if blocks for its whole ``num_tokens`` fit, not just this chunk.
         """
+        mml = self.max_model_len
+        total_computed = min(req.num_computed_tokens + num_new_computed_tokens, mml)
+        if not new_computed_blocks and not full_sequence_must_fit:
+            # The common case, a running request within the blocks it holds: nothing to
+            # allocate, perhaps blocks to publish (the same steps as below, written tight).
+            table = self.req_to_blocks.get(req.req_id)
+            need = total_computed + num_new_tokens + num_lookahead_tokens
+            if table is not None and -(-(need if need < mml else mml) // self.block_size) <= len(table):
+                if self.enable_caching:
+                    upto = total_computed + num_new_tokens
+                    tokens = req.num_prompt_tokens + req.num_output_tokens
+                    upto = upto if upto < tokens else tokens
+                    if ((upto - self.num_reprefillable) // self.block_size
+                            > self.num_cached_block.get(req.req_id, 0)):
+                        self.cache_blocks(req, upto)
+                return []
         hit = new_computed_blocks or []
         free = self.pool.num_free_blocks
-        total_computed = min(req.num_computed_tokens + num_new_computed_tokens,
-                             self.max_model_len)
         if full_sequence_must_fit:
             full = min(req.num_tokens, self.max_model_len)
             if self.num_blocks_to_allocate(req.req_id, full, hit) > free:
                 return None
-        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens,
-                                   self.max_model_len)
+        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, mml)
         if self.num_blocks_to_allocate(req.req_id, num_tokens_need_slot, hit) > free:
             return None
         table = self.req_to_blocks.setdefault(req.req_id, [])
@@ -121,13 +134,14 @@ class KVCacheManager:
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Publish the hashes of the request's full blocks up to ``num_tokens`` (caching on)."""
-        if not self.enable_caching:
-            return
         num_cached = self.num_cached_block.get(req.req_id, 0)
-        num_full = max(0, num_tokens - self.num_reprefillable) // self.block_size
-        if num_cached >= num_full:
+        # (A negative count floors below num_cached: nothing to publish.)
+        num_full = (num_tokens - self.num_reprefillable) // self.block_size
+        if num_cached >= num_full or not self.enable_caching:
             return
-        hashes = self.hasher.block_hashes(req, num_full)
+        hashes = req.block_hashes
+        if len(hashes) < num_full:  # (else block_hashes would return them as they are)
+            hashes = self.hasher.block_hashes(req, num_full)
         num_full = min(num_full, len(hashes))  # lookahead hashes trail the tokens
         if num_cached >= num_full:
             return
@@ -140,6 +154,14 @@ class KVCacheManager:
         table = self.req_to_blocks.pop(req.req_id, [])
         self.num_cached_block.pop(req.req_id, None)
         self.pool.free_blocks(reversed(table))
+
+    def forget_unused_hashes(self, live_requests) -> None:
+        """Let the hasher drop the keys that neither a pool block nor ``live_requests`` (every
+        request not finished) holds (``BlockHasher.forget_all_but``)."""
+        live = {blk.block_hash for blk in self.pool.blocks if blk.block_hash is not None}
+        for r in live_requests:
+            live.update(r.block_hashes)
+        self.hasher.forget_all_but(live)
 
     def block_ids(self, req_id: str) -> list[int]:
         return [blk.block_id for blk in self.req_to_blocks.get(req_id, ())]

@@ -64,6 +64,10 @@ class BlockPool:
         """vLLM's KV usage: ``1 - free / (num_gpu_blocks - 1)``; cached free blocks count as free."""
         return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
 
+    def usage_at(self, num_free: int) -> float:
+        """``usage()`` when ``num_free`` blocks are free."""
+        return 1.0 - num_free / (self.num_gpu_blocks - 1)
+
     def get_cached_block(self, block_hash: int) -> Block | None:
         entry = self.cached.get(block_hash)
         if entry is None or isinstance(entry, Block):
@@ -76,12 +80,17 @@ class BlockPool:
         """Pop ``num_blocks`` from the head, evicting any hash they carry; ref_cnt becomes 1."""
         if num_blocks > len(self.free_queue):
             raise InvariantError(f"cannot get {num_blocks} blocks, {len(self.free_queue)} free")
-        queue = self.free_queue
+        pop, cached, extra = self.free_queue.popitem, self.cached, self.extra_hashes
         out = []
         for _ in range(num_blocks):
-            _, blk = queue.popitem(last=False)
-            if blk.block_hash is not None:
-                self._remove_hashes(blk)
+            blk = pop(last=False)[1]
+            h = blk.block_hash
+            if h is not None:
+                if cached.get(h) is blk and blk.block_id not in extra:
+                    del cached[h]  # _remove_hashes' common case, inline
+                    blk.block_hash, blk.hash_tokens = None, 0
+                else:
+                    self._remove_hashes(blk)
             blk.ref_cnt = 1
             out.append(blk)
         return out
@@ -118,13 +127,19 @@ class BlockPool:
     def cache_full_blocks(self, blocks: list[Block], block_hashes: list[int],
                           num_cached_blocks: int, num_full_blocks: int, block_size: int) -> None:
         """Publish ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
+        cached, null = self.cached, self.null_block
         for i in range(num_cached_blocks, num_full_blocks):
             blk = blocks[i]
-            if blk is self.null_block:
+            if blk is null:
                 continue
             if blk.block_hash is not None:  # a partial entry promoted to a full block
                 self._remove_hashes(blk)
-            self._insert_hash(block_hashes[i], blk, (i + 1) * block_size)
+            key = block_hashes[i]
+            if blk.block_hash is None and key not in cached:  # _insert_hash's common case
+                blk.block_hash, blk.hash_tokens = key, (i + 1) * block_size
+                cached[key] = blk
+            else:
+                self._insert_hash(key, blk, (i + 1) * block_size)
 
     def cache_partial_block(self, blk: Block, key: int, num_tokens: int) -> None:
         """Make ``blk`` reachable from a prefix boundary inside it (vLLM 0.32+'s partial entry).
@@ -143,13 +158,17 @@ class BlockPool:
         return entry is blk or (isinstance(entry, dict) and blk.block_id in entry)
 
     def _insert_hash(self, key: int, blk: Block, num_tokens: int) -> None:
+        entry = self.cached.get(key)
+        if entry is None and blk.block_hash is None:  # the common case: a new key, a bare block
+            blk.block_hash, blk.hash_tokens = key, num_tokens
+            self.cached[key] = blk
+            return
         if blk.block_hash == key or self._contains(key, blk):
             return
         if blk.block_hash is None:
             blk.block_hash, blk.hash_tokens = key, num_tokens
         else:
             self.extra_hashes.setdefault(blk.block_id, set()).add(key)
-        entry = self.cached.get(key)
         if entry is None:
             self.cached[key] = blk
         elif isinstance(entry, Block):
@@ -159,6 +178,10 @@ class BlockPool:
 
     def _remove_hashes(self, blk: Block) -> None:
         """Drop every key the block is published under (eviction, or promotion)."""
+        if self.cached.get(blk.block_hash) is blk and blk.block_id not in self.extra_hashes:
+            del self.cached[blk.block_hash]  # the common case: one key, no duplicate content
+            blk.block_hash, blk.hash_tokens = None, 0
+            return
         keys = [blk.block_hash, *self.extra_hashes.pop(blk.block_id, ())]
         for h in keys:
             entry = self.cached.get(h)

@@ -139,6 +139,9 @@ except ImportError:  # pragma: no cover
 
 VLLM_VERSION = str(getattr(vllm, "__version__", "unknown"))
 WITH_TIMING = os.environ.get("KVSIM_ORACLE_TIMING") == "1"
+# Speed benchmarks (benchmarks/speed_vs_vllm.py): leave out the per-step block tables, the
+# driver's own costliest bookkeeping, so the timed loop is mostly vLLM's.
+WITHOUT_BLOCK_IDS = os.environ.get("KVSIM_ORACLE_NO_BLOCK_IDS") == "1"
 
 # A tiny Llama config. Only config.json is written: there are no weights and no
 # tokenizer (skip_tokenizer_init=True).
@@ -811,7 +814,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
       steps: [{step, scheduled: {req_id: n}, preempted: [req_id] (sorted),
                block_ids: {req_id: [int]} (after schedule(), group 0; with
                           engine.kv_groups: {req_id: [[group 0 ids],
-                          [group 1 ids], ...]}, null blocks as 0),
+                          [group 1 ids], ...]}, null blocks as 0; empty
+                          with KVSIM_ORACLE_NO_BLOCK_IDS=1),
                num_free_blocks, usage (both after this step's
                           update_from_output),
                prefix_cache: {requests, queries, hits, preempted_requests,
@@ -1037,11 +1041,12 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                 spec_rec = {}
                 sched_spec = so.scheduled_spec_decode_tokens or {}
                 for rid in req_ids:
-                    gids = kvm.get_block_ids(rid)
-                    if nested:
-                        block_ids[rid] = [[int(b) for b in g] for g in gids]
+                    if WITHOUT_BLOCK_IDS:
+                        pass
+                    elif nested:
+                        block_ids[rid] = [[int(b) for b in g] for g in kvm.get_block_ids(rid)]
                     else:
-                        block_ids[rid] = [int(b) for b in gids[0]]
+                        block_ids[rid] = [int(b) for b in kvm.get_block_ids(rid)[0]]
                     pr = per_req[rid]
                     if pr["first_scheduled_step"] is None:
                         pr["first_scheduled_step"] = step

@@ -12,7 +12,9 @@ from a trace treated the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ from kvsim.request import RequestSpec
 from kvsim.workload.azure import read_azure
 from kvsim.workload.jsonl import read_kvsim_jsonl
 from kvsim.workload.mooncake import read_mooncake
-from kvsim.workload.synthetic import GENERATORS, process_arrivals
+from kvsim.workload.synthetic import GENERATORS, process_arrivals, trace_lengths
 
 READERS = {"kvsim": read_kvsim_jsonl, "mooncake": read_mooncake, "azure": read_azure}
 
@@ -78,6 +80,44 @@ def _with_acceptances(specs: list[RequestSpec], w: WorkloadCfg, k: int, seed: in
     return out
 
 
+def _arrivals(sc: Scenario, rng: np.random.Generator):
+    """``arrivals(n)`` of the scenario's arrival process (see ``synthetic``)."""
+    w = sc.workload
+
+    def arrivals(n: int) -> np.ndarray:
+        if w.arrival != "trace":
+            return process_arrivals(w, n, rng)
+        times = sorted(s.arrival_s for s in select(read_trace(w.format, w.path), w, sc.run.seed,
+                                                      str(w.path)))
+        if len(times) < n:
+            raise ConfigError(f"{w.path}", f"the arrival trace has {len(times)} requests "
+                              f"(after window and sampling); the generator needs {n}")
+        return np.asarray(times[:n])
+
+    return arrivals
+
+
+def _trace_lengths(sc: Scenario, rng: np.random.Generator, arrivals) -> Iterator[RequestSpec]:
+    w = sc.workload
+    trace = select(read_trace(w.format, w.path), w, sc.run.seed, str(w.path))
+    lengths = np.array([(len(s.prompt), s.max_tokens) for s in trace], dtype=np.int64)
+    return trace_lengths(w, rng, arrivals, lengths, sc.engine.max_model_len)
+
+
+def iter_requests(sc: Scenario) -> Iterable[RequestSpec]:
+    """The scenario's requests in arrival order, as ``build_requests`` gives them; made as
+    they are consumed where the workload allows it (``trace_lengths`` without generated
+    acceptance lists), so a run of millions of requests need not hold them all."""
+    w = sc.workload
+    if not (w.kind == "synthetic" and w.generator == "trace_lengths") or (
+            w.acceptance_rate_mean is not None and sc.speculative.enabled) or (
+            sc.speculative.enabled and sc.speculative.acceptance == "trace"):
+        return build_requests(sc)
+    rng = np.random.default_rng(sc.run.seed)
+    specs = _trace_lengths(sc, rng, _arrivals(sc, rng))  # already in arrival order, checked
+    return specs if sc.run.max_requests is None else islice(specs, sc.run.max_requests)
+
+
 def build_requests(sc: Scenario) -> list[RequestSpec]:
     """The scenario's requests in arrival order. Raises ConfigError on bad input."""
     w = sc.workload
@@ -89,17 +129,11 @@ def build_requests(sc: Scenario) -> list[RequestSpec]:
         rng = np.random.default_rng(seed)
         where = "workload"
 
-        def arrivals(n: int) -> np.ndarray:
-            if w.arrival != "trace":
-                return process_arrivals(w, n, rng)
-            times = sorted(s.arrival_s for s in select(read_trace(w.format, w.path), w, seed,
-                                                          str(w.path)))
-            if len(times) < n:
-                raise ConfigError(f"{w.path}", f"the arrival trace has {len(times)} requests "
-                                  f"(after window and sampling); the generator needs {n}")
-            return np.asarray(times[:n])
-
-        specs = GENERATORS[w.generator](w, rng, arrivals)
+        arrivals = _arrivals(sc, rng)
+        if w.generator == "trace_lengths":
+            specs = list(_trace_lengths(sc, rng, arrivals))
+        else:
+            specs = GENERATORS[w.generator](w, rng, arrivals)
     if sc.run.max_requests is not None:
         specs = specs[: sc.run.max_requests]
     if w.acceptance_rate_mean is not None and sc.speculative.enabled:

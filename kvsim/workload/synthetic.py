@@ -16,6 +16,8 @@ generation order, so only the parts meant to be shared are shared:
 ``agent``          sessions of ``turns`` steps: ``[ system | context | o1 | a1 | ... | ot ]``, a
                    long per-session context that grows by a tool observation (exponential,
                    mean ``input_tokens``) and the previous action at every step; outputs short.
+``trace_lengths``  ``[ fresh prompt ]``, (prompt, output) lengths drawn from a trace's
+                   requests (its empirical distribution), arrivals from the arrival process.
 
 Session ids (for a cluster's ``session_affinity`` router): the user (``shared_prefix``), the
 conversation (``multi_turn``), the session (``agent``); ``rag`` requests have none.
@@ -28,11 +30,12 @@ not wait for the answer).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from kvsim.config import WorkloadCfg
+from kvsim.errors import ConfigError
 from kvsim.request import RequestSpec, SegmentTokens
 
 Arrivals = Callable[[int], np.ndarray]
@@ -141,6 +144,32 @@ def rag(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) -> list[Re
         specs.append(RequestSpec(req_id=f"q{i}", arrival_s=float(times[i]),
                                  prompt=SegmentTokens(segs), max_tokens=w.output_tokens))
     return specs
+
+
+def trace_lengths(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals,
+                  lengths: np.ndarray, max_model_len: int) -> Iterator[RequestSpec]:
+    """Requests whose (prompt, output) lengths are drawn, with replacement, from a trace's
+    requests (``lengths``: one row each); every prompt is its own run of token ids, shared
+    with no other request (as in ``azure``). Made as they are consumed, so a million requests
+    cost a few arrays; the draws are checked against ``max_model_len`` up front."""
+    n = w.num_requests
+    times = arrivals(n)
+    rows = lengths[rng.integers(0, len(lengths), size=n)]
+    too_long = np.flatnonzero(rows[:, 0] >= max_model_len)
+    if too_long.size:
+        i = int(too_long[0])
+        raise ConfigError(f"workload: request {i}", f"prompt of {rows[i, 0]} tokens (drawn from "
+                          f"{w.path}) plus at least one output token exceeds max_model_len "
+                          f"{max_model_len} (vLLM rejects it)")
+    starts = 1 + np.concatenate(([0], np.cumsum(rows[:-1, 0])))
+
+    def specs() -> Iterator[RequestSpec]:
+        for i in range(n):
+            yield RequestSpec(req_id=str(i), arrival_s=float(times[i]),
+                              prompt=SegmentTokens([(int(starts[i]), int(rows[i, 0]))]),
+                              max_tokens=int(rows[i, 1]))
+
+    return specs()
 
 
 GENERATORS = {"shared_prefix": shared_prefix, "multi_turn": multi_turn, "rag": rag, "agent": agent}

@@ -1,0 +1,37 @@
+"""What the benchmark scripts share: timing a whole child process, and how to start kvsim."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def kvsim_env(cache: Path) -> dict:
+    """The environment kvsim runs in: modules byte-compiled once and reused, as an installed
+    package's are (under PYTHONDONTWRITEBYTECODE=1 every run would compile every module
+    again); the byte-code goes under ``cache`` (PYTHONPYCACHEPREFIX, unless already set),
+    not beside the sources."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.setdefault("PYTHONPYCACHEPREFIX", str(cache))
+    return env
+
+
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, int, int]:
+    """Run ``cmd``; (wall seconds, exit status, peak RSS in MiB) of the child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    return wall, os.waitstatus_to_exitcode(status), usage.ru_maxrss // 1024
+
+
+def kvsim_command() -> list[str]:
+    """``kvsim`` as a user starts it: the console script next to this interpreter."""
+    script = Path(sys.executable).with_name("kvsim")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from kvsim.cli import main; main()"]

@@ -1,0 +1,175 @@
+"""kvsim vs vLLM's own Scheduler on the same workload, side by side (not a test).
+
+    PYTHONPATH=$PWD python benchmarks/speed_vs_vllm.py [--vllm 0.33.0] [--seqs 64 256]
+
+For each ``max_num_seqs`` the same scenario (``--requests`` requests of ``--prompt`` prompt
+and ``--output`` output tokens, all arriving at t = 0, a pool big enough that nothing is
+preempted) runs
+
+* through kvsim as a user runs it: the whole ``kvsim run`` process, imports, workload
+  generation and result files included, timed from outside, ``--repeats`` times (the
+  median is compared; modules byte-compiled as installed, ``common.kvsim_env``, after one
+  untimed warm-up run);
+* through vLLM's real Scheduler in its oracle environment (``kvsim/oracle/make_env.sh``),
+  driven by ``kvsim/oracle/vllm_driver.py`` with fake model outputs; only the driver's loop
+  is timed (``KVSIM_ORACLE_TIMING``: from the first ``schedule()`` to the last output; vLLM's
+  imports and engine set-up are left out), and the driver skips recording block tables
+  (``KVSIM_ORACLE_NO_BLOCK_IDS``), so the loop is mostly vLLM's own work.
+
+It checks that the two agree request by request (cached tokens, preemptions, first
+scheduled / first token / finish step, output tokens) and step by step (scheduled tokens,
+preemptions, free blocks), then prints steps/s, simulated requests/s, peak RSS and the
+ratios. Exit status 1 if any output differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from common import kvsim_command, kvsim_env, timed
+
+SCENARIO = """\
+[model]
+preset = "llama-3.1-8b"
+[hardware]
+preset = "h100-sxm"
+[engine]
+vllm_version = "{vllm}"
+block_size = 16
+enable_prefix_caching = true
+num_gpu_blocks = {blocks}
+max_num_seqs = {seqs}
+max_num_batched_tokens = {batched}
+max_model_len = {mml}
+[workload]
+kind = "synthetic"
+generator = "shared_prefix"
+num_requests = {requests}
+request_rate = inf
+system_prompt_tokens = 0
+user_history_tokens = 0
+num_users = 1
+input_tokens = {prompt}
+output_tokens = {output}
+[run]
+seed = 0
+"""
+
+
+def compare(out: Path, vllm: dict) -> list[str]:
+    """Differences between kvsim's result files and the driver's result."""
+    bad = []
+    with open(out / "requests.csv", newline="") as f:
+        rows = {r["req_id"]: r for r in csv.DictReader(f)}
+    fields = (("cached_tokens", "cached_tokens"), ("num_preemptions", "num_preemptions"),
+              ("first_scheduled_step", "first_scheduled_step"),
+              ("first_token_step", "first_token_step"), ("finish_step", "finish_step"),
+              ("output_tokens", "num_output_tokens"))
+    for rid, v in vllm["requests"].items():
+        row = rows.get(rid)
+        for ours, theirs in fields:
+            a = None if row is None or row[ours] == "" else int(row[ours])
+            if a != v[theirs]:
+                bad.append(f"request {rid} {ours}: kvsim {a} vllm {v[theirs]}")
+    with open(out / "steps.csv", newline="") as f:
+        steps = list(csv.DictReader(f))
+    if len(steps) != vllm["num_steps"]:
+        bad.append(f"steps: kvsim {len(steps)} vllm {vllm['num_steps']}")
+    for s, v in zip(steps, vllm["steps"]):
+        pairs = ((int(s["num_scheduled_tokens"]), sum(v["scheduled"].values()), "scheduled tokens"),
+                 (int(s["num_preempted"]), len(v["preempted"]), "preempted"),
+                 (int(s["num_free_blocks"]), v["num_free_blocks"], "free blocks"))
+        bad.extend(f"step {v['step']} {what}: kvsim {a} vllm {b}" for a, b, what in pairs if a != b)
+    return bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--vllm", default="0.33.0")
+    ap.add_argument("--oracle-python", default=None)
+    ap.add_argument("--seqs", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--requests", type=int, default=6000)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--output", type=int, default=256)
+    ap.add_argument("--num-gpu-blocks", type=int, default=16384)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=3, help="kvsim runs per setting (median)")
+    ap.add_argument("--keep", default=None, help="keep the scenarios and results in this folder")
+    args = ap.parse_args()
+
+    from kvsim.config import load_scenario
+    from kvsim.oracle.validate import DRIVER, driver_scenario, oracle_python
+
+    python = oracle_python(args.vllm, args.oracle_python)
+    work = Path(args.keep or tempfile.mkdtemp(prefix="kvsim-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, KVSIM_ORACLE_TIMING="1", KVSIM_ORACLE_NO_BLOCK_IDS="1")
+    k_env = kvsim_env(work / "pycache")
+    lines = []
+    failed = False
+    for seqs in args.seqs:
+        path = work / f"speed-{seqs}.toml"
+        path.write_text(SCENARIO.format(
+            vllm=args.vllm, blocks=args.num_gpu_blocks, seqs=seqs, batched=args.max_num_batched_tokens,
+            mml=max(4096, args.prompt + args.output + 16), requests=args.requests,
+            prompt=args.prompt, output=args.output))
+        # vLLM: the driver's scenario (requests joined where kvsim joins them), its loop timed.
+        inp, res = work / f"vllm-{seqs}.in.json", work / f"vllm-{seqs}.out.json"
+        inp.write_text(json.dumps(driver_scenario(load_scenario(path))))
+        v_wall, v_rc, v_rss = timed([str(python), str(DRIVER), str(inp), str(res)], env)
+        vllm = json.loads(res.read_text())
+        if v_rc or "error" in vllm:
+            print(f"max_num_seqs {seqs}: vLLM's driver failed: {vllm.get('error')}")
+            return 1
+        v_loop = vllm["timing"]["drive_s"]
+        # kvsim: the whole process a user starts.
+        out = work / f"kvsim-{seqs}"
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [*kvsim_command(), "run", str(path), "--out", str(out), "-q"]
+        if not lines:
+            timed(cmd, k_env)  # warm-up: byte-compile kvsim and its imports once
+        walls, rss = [], []
+        for _ in range(args.repeats):
+            k_wall, k_rc, k_rss = timed(cmd, k_env)
+            if k_rc:
+                print(f"max_num_seqs {seqs}: kvsim run failed (exit {k_rc})")
+                return 1
+            walls.append(k_wall)
+            rss.append(k_rss)
+        k_wall, k_rss = statistics.median(walls), max(rss)
+        print(f"max_num_seqs {seqs}: kvsim run " + ", ".join(f"{w:.2f}" for w in walls)
+              + f" s; vLLM loop {v_loop:.2f} s", flush=True)
+        bad = compare(out, vllm)
+        failed |= bool(bad)
+        n_steps, n_req = vllm["num_steps"], len(vllm["requests"])
+        lines.append((seqs, n_steps, n_req, v_loop, v_wall, v_rss, k_wall, k_rss, bad))
+    print(f"{args.requests} requests of {args.prompt} + {args.output} tokens, vLLM {args.vllm} "
+          f"semantics, {args.num_gpu_blocks} blocks, max_num_batched_tokens "
+          f"{args.max_num_batched_tokens}")
+    print(f"{'max_num_seqs':>12} {'steps':>7}  {'vLLM loop s':>11} {'steps/s':>8} {'req/s':>7} "
+          f"{'RSS MiB':>7}  {'kvsim run s':>11} {'steps/s':>8} {'req/s':>7} {'RSS MiB':>7}  "
+          f"{'speed-up':>8}  outputs")
+    for seqs, n_steps, n_req, v_loop, _, v_rss, k_wall, k_rss, bad in lines:
+        print(f"{seqs:>12} {n_steps:>7}  {v_loop:>11.2f} {n_steps / v_loop:>8.0f} "
+              f"{n_req / v_loop:>7.0f} {v_rss:>7}  {k_wall:>11.2f} {n_steps / k_wall:>8.0f} "
+              f"{n_req / k_wall:>7.0f} {k_rss:>7}  {v_loop / k_wall:>7.1f}x  "
+              f"{'identical' if not bad else f'{len(bad)} differences'}")
+        for b in bad[:5]:
+            print(f"    {b}")
+    print("(vLLM RSS: the driver process, torch and vLLM imports included; its wall time "
+          "with set-up: " + ", ".join(f"{x[4]:.1f} s" for x in lines) + ")")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

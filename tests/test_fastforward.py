@@ -1,0 +1,224 @@
+"""Speed without a changed result: decode fast-forward, hash trimming and streamed results give
+the bytes step-by-step simulation gives (step-by-step: ``check_invariants=True``, which also
+checks the pool after every step and never fast-forwards)."""
+
+import io
+
+import pytest
+
+from kvsim import engine, fastforward, metrics
+from kvsim.config import parse_scenario
+from kvsim.kv.hashing import BlockHasher
+from kvsim.workload import build_requests
+from tests.builders import make_request
+
+
+def scenario(**kw):
+    return parse_scenario(sc_raw(**kw))
+
+
+def sc_raw(version="0.33.0", async_scheduling=True, caching=True, model="llama-3.2-1b",
+           hardware="l40s", cost=None, tp=1, **workload):
+    return {"model": {"preset": model}, "hardware": {"preset": hardware},
+          "cost": cost or {},
+          "engine": {"vllm_version": version, "num_gpu_blocks": 400, "block_size": 16,
+                     "max_model_len": 2048, "max_num_batched_tokens": 512, "max_num_seqs": 6,
+                     "async_scheduling": async_scheduling, "enable_prefix_caching": caching,
+                     "tensor_parallel_size": tp},
+          "workload": {"kind": "synthetic", "generator": "shared_prefix", "num_requests": 60,
+                       "request_rate": 40.0, "system_prompt_tokens": 40, "num_users": 3,
+                       "user_history_tokens": 24, "input_tokens": 30, "output_tokens": 70,
+                       **workload},
+          "run": {"seed": 3}}
+
+
+def outputs(sc, **kw):
+    rec = engine.run(sc, build_requests(sc), **kw)
+    return metrics.requests_csv(rec), metrics.steps_csv(rec), metrics.summary_json(
+        metrics.summarize(sc, rec))
+
+
+@pytest.fixture
+def windows(monkeypatch):
+    """Counts the fast-forwarded steps."""
+    done = []
+    real = fastforward.run
+
+    def spy(*args, **kwargs):
+        n = yield from real(*args, **kwargs)
+        done.append(n)
+        return n
+
+    monkeypatch.setattr(fastforward, "run", spy)
+    return done
+
+
+CASES = [
+    dict(),  # the queue fills up: arrivals join during windows, completions end them
+    dict(request_rate=2.0),  # light load: arrivals end windows
+    dict(async_scheduling=False),
+    dict(caching=False),
+    dict(version="0.19.0"),
+    dict(version="0.22.1", async_scheduling=False),
+    dict(version="0.32.0"),
+    dict(request_rate=float("inf"), output_tokens=200),  # a pool too small: preemptions
+    dict(generator="multi_turn", turns=3, think_time_s=0.2),
+    # Cost models: the roofline with tensor parallel all-reduces and a step overhead; the fitted
+    # form (pure-decode terms, all-reduces) on a dense model at tp 2 and on an MoE model, whose
+    # expert share 1 - (1 - k/N)^T is not linear in T.
+    dict(model="llama-3.1-8b", hardware="h100-sxm", tp=2, cost={"step_overhead_s": 0.0031}),
+    dict(model="llama-3.1-8b", hardware="rtx-pro-6000", tp=2,
+         cost={"model": "fitted", "profile": "rtxpro6000-llama-3.1-8b-tp2",
+               "step_overhead_s": 0.0007}),
+    dict(model="qwen3-30b-a3b", hardware="rtx-pro-6000",
+         cost={"model": "fitted", "profile": "rtxpro6000-qwen3-30b-a3b-tp1"}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_fast_forward_gives_the_bytes_of_step_by_step(case, windows):
+    sc = scenario(**case)
+    fast = outputs(sc)
+    assert sum(windows) > 0, "no window was fast-forwarded: the case tests nothing"
+    slow = outputs(sc, check_invariants=True)
+    assert fast == slow
+    # Streamed (as kvsim run writes), windows' steps written straight from their fields.
+    req, steps = io.StringIO(), io.StringIO()
+    results = metrics.Results(req, steps)
+    rec = engine.run(sc, iter(build_requests(sc)), results=results)
+    assert (req.getvalue(), steps.getvalue(), metrics.summary_json(results.summary(sc, rec))) == slow
+
+
+@pytest.mark.parametrize("limit", [{"max_steps": 123}, {"max_sim_time_s": 0.9}])
+def test_a_run_limit_inside_a_window_stops_where_step_by_step_stops(limit, windows):
+    sc = scenario()
+    sc = parse_scenario({**_raw(sc), "run": {"seed": 3, **limit}})
+    fast = outputs(sc)
+    assert sum(windows) > 0
+    assert fast == outputs(sc, check_invariants=True)
+    assert engine.run(sc, build_requests(sc)).stopped_by == next(iter(limit))
+
+
+def _raw(sc):
+    e = sc.engine
+    return {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+            "engine": {"vllm_version": e.vllm_version, "num_gpu_blocks": e.num_gpu_blocks,
+                       "block_size": e.block_size, "max_model_len": e.max_model_len,
+                       "max_num_batched_tokens": e.max_num_batched_tokens,
+                       "max_num_seqs": e.max_num_seqs, "async_scheduling": e.async_scheduling},
+            "workload": {"kind": "synthetic", "generator": "shared_prefix", "num_requests": 60,
+                         "request_rate": 40.0, "system_prompt_tokens": 40, "num_users": 3,
+                         "user_history_tokens": 24, "input_tokens": 30, "output_tokens": 70}}
+
+
+def test_dropping_unused_hash_keys_changes_no_result(monkeypatch):
+    # Prefix sharing and preemptions (re-lookups of a request's own hashes) in a small pool.
+    sc = scenario(request_rate=float("inf"), output_tokens=200)
+    kept = outputs(sc)
+    monkeypatch.setattr(engine, "_TRIM_HASHES", 20)
+    dropped = []
+    real = BlockHasher.forget_all_but
+
+    def spy(self, live):
+        before = len(self)
+        real(self, live)
+        dropped.append(before - len(self))
+
+    monkeypatch.setattr(BlockHasher, "forget_all_but", spy)
+    assert outputs(sc) == kept
+    assert sum(dropped) > 0
+
+
+def test_a_dropped_key_comes_back_under_a_new_id_and_kept_chains_keep_theirs():
+    h = BlockHasher(block_size=2)
+    a = make_request("a", [1, 2, 3, 4, 5, 6], max_tokens=1)
+    ids_a = list(h.block_hashes(a, 3))
+    # Only a's third block is held: its ancestors stay so the chain is found again.
+    h.forget_all_but({ids_a[2]})
+    again = make_request("b", [1, 2, 3, 4, 5, 6], max_tokens=1)
+    assert h.block_hashes(again, 3) == ids_a
+    h.forget_all_but(set())
+    assert len(h) == 0
+    fresh = make_request("c", [1, 2], max_tokens=1)
+    assert h.block_hashes(fresh, 1)[0] not in ids_a  # never an id something may still hold
+
+
+def test_streamed_results_are_the_bytes_of_the_in_memory_ones():
+    sc = scenario(request_rate=float("inf"), output_tokens=200)  # finishes out of order
+    req, steps = io.StringIO(), io.StringIO()
+    results = metrics.Results(req, steps)
+    rec = engine.run(sc, iter(build_requests(sc)), results=results)
+    assert rec.requests == [] and rec.steps == []
+    mem_req, mem_steps, mem_summary = outputs(sc)
+    assert (req.getvalue(), steps.getvalue()) == (mem_req, mem_steps)
+    assert metrics.summary_json(results.summary(sc, rec)) == mem_summary
+
+
+@pytest.mark.parametrize("case", CASES[-3:], ids=["roofline-tp2", "fitted-tp2", "fitted-moe"])
+def test_a_decode_step_costs_what_its_chunks_cost(case):
+    """``decode_step_time_s`` (what a window times each step by) is ``step_time_s`` of the
+    step's chunks, bit for bit, for any contexts."""
+    import random
+
+    from kvsim.cost import COST_MODELS
+
+    sc = scenario(**case)
+    e = sc.engine
+    cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
+                                      e.kv_cache_dtype, sc.speculative)
+    rng = random.Random(5)
+    for n in (1, 2, 7, 64, 256):
+        contexts = [rng.randrange(0, 40_000) for _ in range(n)]
+        chunks = [(1, c) for c in contexts]
+        assert cost.decode_step_time_s(n, sum(c + 1 for c in contexts)) == cost.step_time_s(chunks, n)
+
+
+def test_a_cluster_steps_one_by_one_and_one_replica_matches_a_fast_forwarded_run(windows):
+    """Replicas behind a router are never fast-forwarded (a router may read a replica at any
+    arrival); a one-replica cluster still gives the plain, fast-forwarded run's records."""
+    from dataclasses import asdict
+
+    sc = scenario()
+    plain = engine.run(sc, build_requests(sc))
+    assert sum(windows) > 0
+    windows.clear()
+    csc = parse_scenario({**sc_raw(), "cluster": {"replicas": 1, "router": "least_loaded"}})
+    rec = engine.run(csc, build_requests(csc))
+    assert windows == []
+    rows = metrics.request_rows(rec)
+    assert {r.pop("replica") for r in rows} == {0}
+    assert rows == metrics.request_rows(plain)
+    assert [asdict(s) for s in rec.steps] == [asdict(s) for s in plain.steps]
+
+
+def test_block_contents_are_equal_exactly_when_the_tokens_are():
+    """The canonical block content (a run of consecutive ids is its first id) of prompts given
+    as runs, as explicit ids, and across the prompt/output boundary."""
+    from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens, block_content
+
+    rng = __import__("random").Random(11)
+    reqs = []
+    for n in range(200):
+        segs = [(rng.choice([0, 5, 7, 100]) + rng.randrange(4), rng.randrange(1, 9))
+                for _ in range(rng.randrange(1, 5))]
+        prompt = SegmentTokens(segs)
+        if n % 2:
+            prompt = ExplicitTokens(prompt.window(0, len(prompt)))
+        r = Request(RequestSpec(req_id=str(n), arrival_s=0.0, prompt=prompt, max_tokens=9), n)
+        r.num_output_tokens = rng.randrange(0, 4)
+        reqs.append(r)
+    for size in (1, 2, 3, 5):
+        for step in (1, size):
+            seen: dict = {}
+            back: dict = {}
+            for r in reqs:
+                count = (r.num_tokens - size) // step + 1
+                if count <= 0:
+                    continue
+                got = r.block_contents(0, count, step, size)
+                for k, content in enumerate(got):
+                    tokens = r.token_window(k * step, k * step + size)
+                    assert content == block_content(tokens)
+                    assert seen.setdefault(tokens, content) == content
+                    assert back.setdefault(content, tokens) == tokens
+                    assert isinstance(content, int) == (tokens == tuple(range(tokens[0], tokens[0] + size)))
