@@ -54,7 +54,10 @@ def processes_with(text: str) -> list[str]:
 def assert_no_server_left(port: int) -> None:
     assert processes_with(f"--port {port}") == []
     with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # nobody listens there any more
+        # Nobody listens there any more (the stopped server's connections may linger in
+        # TIME_WAIT, which SO_REUSEADDR binds over but a listening socket would refuse).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
 
 
 def measured(out: Path) -> dict[str, int]:

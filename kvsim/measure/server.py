@@ -246,7 +246,10 @@ def replay(url: str, model: str, requests: list[dict], timeout_s: float) -> dict
 
 
 def port_free(port: int) -> bool:
+    """Nothing listens on ``port`` (connections of a stopped server may linger in TIME_WAIT;
+    a server binds over those, as vLLM's does with SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
