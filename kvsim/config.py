@@ -473,9 +473,15 @@ def _suggest(name: str, known: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _tables(where: str, value: Any, section: str) -> list[dict]:
+    """A non-empty TOML array of tables (``[[section]]``), or ConfigError."""
+    if not isinstance(value, list) or not value or not all(isinstance(t, dict) for t in value):
+        raise ConfigError(where, f"must be a list of tables ([[{section}]])")
+    return value
+
+
 def _check_groups(where: str, value: Any) -> tuple:
-    if not isinstance(value, list) or not value or not all(isinstance(g, dict) for g in value):
-        raise ConfigError(where, "must be a list of tables ([[engine.kv_groups]])")
+    value = _tables(where, value, "engine.kv_groups")
     keys = {k.name: k for k in GROUP_KEYS}
     out = []
     for i, table in enumerate(value):
@@ -509,8 +515,7 @@ def _check_groups(where: str, value: Any) -> tuple:
 
 def _check_deployments(where: str, value: Any) -> tuple:
     """``[[cluster.deployment]]`` tables: ``replicas`` plus [engine] keys to override."""
-    if not isinstance(value, list) or not value or not all(isinstance(d, dict) for d in value):
-        raise ConfigError(where, "must be a list of tables ([[cluster.deployment]])")
+    value = _tables(where, value, "cluster.deployment")
     engine_keys = {k.name: k for k in ENGINE_KEYS}
     out = []
     for i, table in enumerate(value):
