@@ -28,7 +28,6 @@ from kvsim.request import Request, RequestSpec
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.specdec import Acceptance, AcceptanceTally
 
-_MAX_WINDOW = 1 << 30  # steps of one fast-forward window when no run limit caps it
 _TRIM_HASHES = 1 << 19  # interned block hashes kept before unused ones are dropped
 
 
@@ -171,10 +170,10 @@ def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accep
     """Run one engine loop per ``(scenario, scheduler, arrivals, records)`` on one clock until
     none has anything left to do; each fills its records (a lone engine: or ``results``).
 
-    A lone engine fed by ``Arrivals`` fast-forwards steady decode windows
+    A lone engine fed by ``Arrivals`` keeps its steadily decoding requests lazily
     (``kvsim.fastforward``) and trims its interned block hashes; replicas behind a router
-    step one by one (a router may read a replica's state at any arrival, and they share one
-    hash id space)."""
+    keep every request up to date (a router may read a replica's state at any arrival, and
+    they share one hash id space)."""
     env = simpy.Environment()
     tallies = []
     alone = len(engines) == 1 and type(engines[0][2]) is Arrivals
@@ -196,13 +195,7 @@ def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accep
 def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
                  results=None, alone=False):
     limits = sc.run
-    if results is None:
-        steps = rec.steps
-
-        def decode_record(*fields):
-            steps.append(_decode_record(*fields))
-    else:
-        steps, decode_record = _StepSink(results), results.decode_step
+    add_step = rec.steps.append if results is None else results.step
     # vLLM's EngineCore: synchronous scheduling runs schedule -> execute -> update; with
     # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
     # executes (its outputs are applied after), and the queue fills first (0.19/0.22 only
@@ -211,7 +204,8 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
     queue_size = 2 if sched.params.async_scheduling else 1
     queue: deque = deque()  # (plan, step index or None), newest first
     step = num_finished = 0
-    fast = alone and not check_invariants and fastforward.applies(sched, accept)
+    lazy = (fastforward.LazyDecode(sched, queue)
+            if alone and not check_invariants and fastforward.applies(sched, accept) else None)
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:
         now = env.now
@@ -224,20 +218,10 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         for r in arrivals.arrived(now):
             r.join_step = step
             sched.add_request(r)
-        if fast and sched.running:
-            k = fastforward.window(sched, queue, _MAX_WINDOW if limits.max_steps is None
-                                   else limits.max_steps - step)
-            if k:
-                done = yield from fastforward.run(
-                    env, sched, cost, queue, arrivals, step, k, limits.max_sim_time_s,
-                    decode_record, progress, num_finished)
-                if done:
-                    step += done
-                    continue
         if sched.num_unfinished:
-            plan = sched.schedule()
-            executed = bool(plan.scheduled)
-            if not (executed or plan.preempted or any(q[0].scheduled for q in queue)):
+            plan = sched.schedule() if lazy is None else lazy.schedule(step)
+            executed = plan.executes
+            if not (executed or plan.preempted or any(q[0].executes for q in queue)):
                 # The release deadlocks: the head of the waiting queue can never be admitted
                 # and nothing runs (e.g. 0.19's admission gate without a window cap, #39734).
                 rec.stopped_by = "stall"
@@ -264,12 +248,19 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         if index is not None:
             chunks = [(c.num_new_tokens, c.num_computed_before) for c in plan.scheduled]
             num_sampled = sum(c.samples for c in plan.scheduled)
-            duration = cost.step_time_s(chunks, num_sampled)
-            draft = cost.draft_time_s(chunks, num_sampled)
+            if plan.num_lazy:  # (lazy decode runs without speculative decoding: no drafter)
+                duration = cost.step_time_s(chunks, num_sampled + plan.num_lazy,
+                                            (plan.num_lazy, plan.lazy_kv, plan.lazy_longest))
+            else:
+                duration = cost.step_time_s(chunks, num_sampled)
+                draft = cost.draft_time_s(chunks, num_sampled)
             yield env.timeout(duration + draft)
             arrivals.advance(env.now)  # a router decides before this step's outcome lands
         end = env.now
-        first, finished = sched.update_from_output(plan, accept)
+        if lazy is None:
+            first, finished = sched.update_from_output(plan, accept)
+        else:
+            first, finished = lazy.update(plan, index, accept)
         for r in first:
             r.first_token_step, r.first_token_s = index, end
         for r in finished:
@@ -279,7 +270,7 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
                 accept.forget(r)
         num_finished += len(finished)
         if index is not None:
-            steps.append(_step_record(index, start, duration, draft, plan, sched))
+            add_step(_step_record(index, start, duration, draft, plan, sched))
         if results is not None:
             for r in finished:
                 results.request(r)
@@ -291,6 +282,8 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         if progress is not None and index is not None:
             progress(index + 1, end, num_finished,
                      arrivals.total if alone else len(rec.requests))
+    if lazy is not None:
+        lazy.dissolve()  # every request's counters as step-by-step simulation leaves them
     rec.end_s = env.now
     if alone:
         left = arrivals.rest()  # made now: a run cut short lists them too
@@ -299,28 +292,11 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
                 results.request(r)
 
 
-class _StepSink:
-    """``steps.append`` for a run whose records stream into ``metrics.Results``."""
-
-    __slots__ = ("append",)
-
-    def __init__(self, results):
-        self.append = results.step
-
-
-def _decode_record(step, start, duration, num_running, num_waiting, num_free_blocks,
-                   kv_usage) -> StepRecord:
-    """The record ``_step_record`` makes of a fast-forwarded decode step (no drafting;
-    ``metrics.Results.decode_step`` writes the same line)."""
-    return StepRecord(step, start, duration, 0.0, num_running, 0, 0, num_running, num_running, 0,
-                      num_running, num_waiting, num_free_blocks, kv_usage, 0, 0, 0, 0)
-
-
 def _step_record(step, start, duration, draft, plan, sched) -> StepRecord:
     # Decode tokens: those scheduled past the prompt (a re-prefill after preemption counts
     # as prefill, like vLLM's own prompt/generation split).
-    decode = sum(c.num_new_tokens for c in plan.scheduled
-                 if c.num_computed_before >= c.req.num_prompt_tokens)
+    decode = plan.num_lazy + sum(c.num_new_tokens for c in plan.scheduled
+                                 if c.num_computed_before >= c.req.num_prompt_tokens)
     total = plan.num_scheduled_tokens
     pc = plan.prefix_cache
     pool = sched.kv.pool
@@ -329,7 +305,7 @@ def _step_record(step, start, duration, draft, plan, sched) -> StepRecord:
         num_scheduled_tokens=total,
         num_spec_tokens=sum(c.num_spec_tokens for c in plan.scheduled if not c.padded),
         num_prefill_tokens=total - decode, num_decode_tokens=decode,
-        num_scheduled_reqs=len(plan.scheduled), num_preempted=len(plan.preempted),
+        num_scheduled_reqs=len(plan.scheduled) + plan.num_lazy, num_preempted=len(plan.preempted),
         num_running=len(sched.running), num_waiting=len(sched.waiting),
         num_free_blocks=pool.num_free_blocks, kv_usage=pool.usage(),
         prefix_cache_queries=pc.queries, prefix_cache_hits=pc.hits,

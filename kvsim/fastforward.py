@@ -1,225 +1,291 @@
-"""Decode fast-forward: many steps of a batch that nothing can change, at the cost of few.
+"""Lazy decode: a running request that only decodes costs nothing until something happens to it.
 
-In a step where every running request decodes (one new token each, no drafts) and no
-request can join, vLLM's ``schedule()`` gives each running request one token, in list order,
-and ``update_from_output()`` gives each one output token. Until a request reaches
-``max_tokens`` / ``max_model_len`` or a request could be admitted, the next step is the same
-batch again, one token further. Inside such a window the only calls with an effect are the
-``allocate_slots(req, 1)`` that cross a block boundary (a block is popped from the free
-queue) or complete a block (its hash is published; with asynchronous scheduling the
-``cache_blocks`` after the outputs arrive then finds nothing new). ``run`` makes exactly
-those calls: the window's pops in one ``get_new_blocks`` (the free queue changes by nothing
-else inside a window, so the same blocks come off in the same order and evict the same
-hashes), handed out in step-by-step order (step, then position in the running list); the
-publications in that order, with each request's counters set as they would be then (the
-block hashes computed beforehand, a request at a time: hash ids are interned in another
-order, and only their equality is ever read); then it moves the counters of all requests.
+In a step of vLLM's scheduler a running request in steady decode (its chunk is one new token
+that samples, no drafts) takes one token of the budget and calls ``allocate_slots(req, 1)``,
+and the step's outputs give it one output token. That call does something only when the
+token crosses a block boundary (a block comes off the free queue) or completes a block (its
+hash is published); the outputs change nothing but its counters, until the one that finishes
+it. ``LazyDecode`` plans the engine's steps with such requests ("members") kept lazily:
+their counters lag (``Request.lz_sched`` / ``lz_upd`` say by how many scheduled steps and
+applied outputs) and are brought up to date ("materialized") only when something happens:
 
-Step times and records are those of step-by-step simulation: each step has its own start
-time, ``t_{j+1} = t_j + d_j`` as SimPy adds them, and the clock jumps to the window's end
-in one timeout when that lands on the same float (else one timeout per step; the engine
-is alone on its clock). A step is timed by the cost model's ``decode_step_time_s`` (the
-step's chunks ``(1, c)`` enter
-the cost models only through whole-number sums, Σ(c + 1) and the chunk count, which it is
-given exactly; every other feature of a pure decode step, the MoE expert share included, is
-fixed by the chunk count). The window stops before any step where step-by-step simulation
-would do something else: a completion, an admissible arrival, a free queue too short for the
-step's allocations, a run limit. With asynchronous scheduling (a batch queue of two) the step in
-flight when the window starts must be such a step too; the window leaves its last step in
-flight, as the engine loop would.
+* a member's block event, at the step computed in advance, in running-list order (requests'
+  ``rank``) among the other running requests, by the scheduler's own ``allocate_slots``;
+* its last step (it leaves and is scheduled, or skipped asynchronously, like any request, and
+  its finishing outputs are applied by ``Scheduler.update_from_output``);
+* a step that lazy decode can't plan (see below): every member is materialized, the step in
+  flight gets its members' chunks back, and ``Scheduler.schedule`` plans it.
+
+The other running requests (just admitted, chunked prefills, leaving members) are planned by
+the scheduler's rules request by request, and waiting requests are admitted by the
+scheduler's ``_schedule_waiting`` on the pool as it is at that point of the step. A step is
+planned lazily only when nothing in it can be cut short: every running request gets its
+tokens within the budget and its blocks from the free queue (no preemption), which it checks
+first. A step's cost takes the members' chunks ``(1, c)`` as whole-number sums
+(``StepPlan.num_lazy``, ``lazy_kv``, ``lazy_longest``), which give the cost models' floats
+exactly. So a run gives, byte for byte, the results of step-by-step simulation (tests compare
+the two), at a cost that follows the events — block boundaries, arrivals, completions — not
+steps × running requests.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import heapq
+from bisect import insort
+from operator import attrgetter
 
 from kvsim.kv.manager import KVCacheManager
-from kvsim.sched import Chunk, StepPlan
+from kvsim.request import Request, Status
+from kvsim.sched import Chunk, Scheduler, StepPlan
+
+_MAX_BACKOFF = 64  # steps before lazy decode is tried again after a step it couldn't plan
+_rank = attrgetter("rank")
 
 
-def applies(sched, accept) -> bool:
-    """Whether the scheduler's set-up can be fast-forwarded at all (checked once per run)."""
+def applies(sched: Scheduler, accept) -> bool:
+    """Whether the scheduler's set-up can decode lazily at all (checked once per run)."""
     return (type(sched.kv) is KVCacheManager and accept is None
             and sched.spec.num_speculative_tokens == 0 and sched.spec.num_lookahead_tokens == 0
             and sched.draft_slots == 0 and sched.kv.num_reprefillable == 0)
 
 
-def window(sched, queue, max_steps: int) -> int:
-    """How many steps (up to ``max_steps``) the running batch decodes unchanged; 0 if none.
+class LazyDecode:
+    """Plans and applies the engine's steps for ``sched`` (a set-up ``applies`` accepts).
 
-    ``queue`` is the engine's batch queue before scheduling: empty (synchronous), or the one
-    plan in flight (asynchronous), which must itself be a plain decode step of the batch.
-    """
-    running = sched.running
-    num_running = len(running)
-    p = sched.params
-    if not num_running or (len(sched.waiting) and num_running < p.max_num_seqs):
-        return 0
-    if num_running > min(sched.token_budget, p.max_num_batched_tokens):
-        return 0
-    is_async = p.async_scheduling
-    if is_async:
-        if len(queue) != 1 or not _is_decode_step(queue[0][0], running):
-            return 0
-        in_flight = 1 if sched.sem.has_num_in_flight_tokens else 0
-    elif queue:
-        return 0
-    placeholders = 1 if is_async else 0
-    if not is_async:
-        in_flight = 0
-    mml = p.max_model_len
-    k = max_steps
-    for r in running:
-        tokens = r.num_prompt_tokens + r.num_output_tokens
-        if (r.num_output_tokens < 1 or r.num_output_placeholders != placeholders
-                or r.num_in_flight_tokens != in_flight or r.num_draft_tokens
-                or r.num_stale_output_tokens
-                or tokens + placeholders - r.num_computed_tokens != 1):
-            return 0
-        # The step scheduled j steps from now samples output number out + j + 1 (and is
-        # skipped, asynchronously, when the one in flight already reaches max_tokens); the
-        # window ends before any step in which a request finishes.
-        k = min(k, r.max_tokens - r.num_output_tokens - 1, mml - tokens - 1)
-        if k <= 0:
-            return 0
-    return k
+    ``queue`` is the engine's batch queue of ``(plan, step index)``, newest first: with
+    asynchronous scheduling the plan in flight while the next is scheduled."""
 
+    def __init__(self, sched: Scheduler, queue):
+        self.sched = sched
+        self.kv = sched.kv
+        self.queue = queue
+        self.is_async = sched.params.async_scheduling
+        self.in_flight = sched.sem.has_num_in_flight_tokens
+        self.num_members = 0
+        self.sum_off = 0  # Σ lz_off over members: Σ c of their step-s chunks is sum_off + M·s
+        self.longest: list[tuple[int, int, Request]] = []  # (-lz_off, rank, r), stale allowed
+        self.events: list[tuple[int, int, Request]] = []  # (step, rank, r): allocate_slots due
+        self.leaving: list[tuple[int, int, Request]] = []  # (step, rank, r): no longer lazy
+        self.others: list[Request] = []  # running requests that are not members, by rank
+        self.sched_next = 0  # the step being (or next to be) scheduled
+        self.upd_next = 0  # the step whose outputs come next
+        self.retry_at = 0
+        self.backoff = 1
 
-def _is_decode_step(plan: StepPlan, running: list) -> bool:
-    """``plan`` gives every request of ``running``, in order, one sampled token and nothing else."""
-    pc = plan.prefix_cache
-    if plan.preempted or len(plan.scheduled) != len(running) or pc.queries or pc.hits or (
-            pc.preempted_queries or pc.preempted_hits):
-        return False
-    return all(c.req is r and c.num_new_tokens == 1 and c.samples and not c.num_spec_tokens
-               and not c.padded and c.num_computed_before == r.num_computed_tokens - 1
-               for c, r in zip(plan.scheduled, running))
+    # -- a member's counters --------------------------------------------------------------
 
+    def _materialize(self, r: Request) -> None:
+        """Bring a member's counters up to date (it stays a member)."""
+        s = self.sched_next - r.lz_sched  # its lazy steps scheduled since
+        u = self.upd_next - r.lz_upd  # their outputs applied since
+        r.num_computed_tokens += s
+        r.num_output_tokens += u
+        if self.is_async:
+            r.num_output_placeholders += s - u
+        if self.in_flight:
+            r.num_in_flight_tokens += s - u
+        r.lz_sched += s
+        r.lz_upd += u
 
-def _events(kv, reqs, k: int) -> tuple[list[int], list[int]]:
-    """Within ``k`` steps: the steps at which a block is popped (sorted, one per pop), and the
-    block events, ``(j * len(reqs) + i) * 2 + kind``: ``reqs[i]`` pops a block at step j
-    (kind 0) or publishes the blocks its ``num_tokens`` completed (kind 1) — in this order,
-    as ``allocate_slots`` does them. A later event may not change anything."""
-    b, num_reqs = kv.block_size, len(reqs)
-    tables, cached, caching = kv.req_to_blocks, kv.num_cached_block, kv.enable_caching
-    pops: list[int] = []
-    events: list[int] = []
-    end, stride = 2 * k * num_reqs, 2 * b * num_reqs
-    for i, r in enumerate(reqs):
-        # Step j needs slots for computed + j + 1 tokens: a pop whenever that passes the table.
-        first_pop = len(tables[r.req_id]) * b - r.num_computed_tokens
-        pops.extend(range(first_pop, k, b))
-        events.extend(range(2 * (first_pop * num_reqs + i), end, stride))
-        if caching:
-            # Step j publishes up to num_tokens (tokens + j) // b blocks.
-            first_fill = (cached.get(r.req_id, 0) + 1) * b - r.num_prompt_tokens - r.num_output_tokens
-            if first_fill < 0:  # full blocks left unpublished: at once, then on the grid
-                events.append(2 * i + 1)
-            events.extend(range(2 * (first_fill % b * num_reqs + i) + 1, end, stride))
-    pops.sort()
-    return pops, events
+    def _next_event(self, r: Request, step: int) -> int:
+        """The first step from ``step`` at which the member's ``allocate_slots(r, 1)`` does
+        something (``r`` as it is when ``step`` is scheduled): a new block, or a block filled
+        (its chunk at step j starts at c + j − step, its num_tokens is t + j − step)."""
+        kv, b = self.kv, self.kv.block_size
+        event = step + len(kv.req_to_blocks[r.req_id]) * b - r.num_computed_tokens
+        if kv.enable_caching:
+            fill = (step + (kv.num_cached_block.get(r.req_id, 0) + 1) * b
+                    - r.num_prompt_tokens - r.num_output_tokens)
+            event = min(event, max(fill, step))
+        return event
 
+    def _last_step(self, r: Request, step: int, pending) -> int | None:
+        """For a running request that is not a member: the step at which it would stop being
+        lazy if it became one at ``step`` (None: it can't). It must be decoding steadily:
+        one sampling token to schedule, no drafts, nothing stale, its first token out;
+        asynchronously, the step in flight (``pending``: its chunks by request) gives it one
+        sampled token (perhaps its first, applied as the chunk it is)."""
+        if r.num_draft_tokens or r.num_stale_output_tokens or r.status is not Status.RUNNING:
+            return None
+        out = r.num_output_tokens
+        tokens = r.num_prompt_tokens + out
+        if self.is_async:
+            c = pending.get(id(r))
+            if (r.num_output_placeholders != 1 or r.num_computed_tokens != tokens or c is None
+                    or not c.samples or c.num_spec_tokens):
+                return None
+            out += 1
+            tokens += 1
+        elif r.num_output_placeholders or r.num_computed_tokens != tokens - 1 or not out:
+            return None  # (without outputs yet, its next step samples its first token)
+        # Steps left, this one included, until the outputs finish it (max_tokens or
+        # max_model_len); synchronously it leaves at its last step, asynchronously at the
+        # step after (which skips it while its last output is in flight).
+        left = min(r.max_tokens - out, self.sched.params.max_model_len - tokens)
+        leave = step + left - (0 if self.is_async else 1)
+        return leave if leave > step else None
 
-def run(env, sched, cost, queue, arrivals, step: int, k: int,
-        max_sim_time_s: float | None, record, progress, num_finished: int):
-    """Simulate up to ``k`` decode steps, the next to schedule being ``step`` (a SimPy
-    generator); returns how many were scheduled. Arrivals join the waiting queue as they
-    would (join step, order); an arrival that could be admitted, or ``max_sim_time_s``,
-    ends the window.
+    def _join(self, r: Request, step: int, leave: int) -> None:
+        r.lz_sched, r.lz_upd, r.lz_in = step, self.upd_next, step
+        r.lz_off = r.num_computed_tokens - step
+        self.num_members += 1
+        self.sum_off += r.lz_off
+        heapq.heappush(self.longest, (-r.lz_off, r.rank, r))
+        heapq.heappush(self.leaving, (leave, r.rank, r))
+        heapq.heappush(self.events, (self._next_event(r, step), r.rank, r))
 
-    The engine must be alone on its clock: the window's steps are timed first (step j
-    starts at ``t_j``, ``t_{j+1} = t_j + d_j``, the sums SimPy makes step by step), then
-    its block events are made, and the clock moves to the window's end in one timeout when
-    that lands on the same float (else one timeout per step)."""
-    running = sched.running
-    num_running = len(running)
-    kv = sched.kv
-    pool = kv.pool
-    pops, events = _events(kv, running, k)
-    num_free = pool.num_free_blocks
-    if len(pops) > num_free:
-        k = pops[num_free]  # that step's allocation would fail: stop before it
-        if k == 0:
-            return 0
-    # The step executed while step + j is scheduled: step + j itself, or the one before.
-    lag = 1 if queue else 0
-    base = [(r.num_computed_tokens, r.num_output_tokens) for r in running]
-    sum_context = sum(c for c, _ in base) - lag * num_running
-    full = num_running >= sched.params.max_num_seqs
-    wake = arrivals.next_arrival_s()
-    # Step times, and where the window stops: a run limit, or an arrival that could join.
-    starts: list[float] = []
-    durations: list[float] = []
-    t = env.now
-    step_time = cost.decode_step_time_s
-    for j in range(k):
-        if (max_sim_time_s is not None and t >= max_sim_time_s) or (
-                not full and wake is not None and wake <= t):
-            break
-        d = step_time(num_running, sum_context + (j + 1) * num_running)
-        starts.append(t)
-        durations.append(d)
-        t = t + d
-    done = len(durations)
-    if not done:
-        return 0
-    end = 2 * done * num_running
-    events = sorted(e for e in events if e < end)
-    # The free queue changes only by these pops inside a window (nothing is freed or
-    # touched), and a popped block is never one published here: popping them all at once
-    # evicts the same hashes, in the same order, and leaves the same hash map.
-    num_pops = bisect_left(pops, done)
-    blocks = iter(pool.get_new_blocks(num_pops))
-    if kv.enable_caching:
-        # Each request's block hashes up to what the window's last step publishes, in one
-        # pass (ids are interned in another order than step by step; only their equality
-        # is ever looked at).
-        b, hasher = kv.block_size, kv.hasher
-        for r, (_, out) in zip(running, base):
-            num_full = (r.num_prompt_tokens + out + done - 1) // b
-            if num_full > len(r.block_hashes):
-                r.num_output_tokens = out + done - 1
-                hasher.block_hashes(r, num_full)
-                r.num_output_tokens = out
-    tables = kv.req_to_blocks
-    waiting = sched.waiting
-    usage = pool.usage_at
-    ei, num_events = 0, len(events)
-    pi = 0
-    for j in range(done):
-        now = starts[j]
-        if wake is not None and wake <= now:  # a full batch: arrivals wait
-            for r in arrivals.arrived(now):
-                r.join_step = step + j
-                sched.add_request(r)
-            wake = arrivals.next_arrival_s()
-        limit = 2 * (j + 1) * num_running
-        while ei < num_events and events[ei] < limit:
-            i, fill = divmod(events[ei] - 2 * j * num_running, 2)
-            r = running[i]
-            if fill:
-                c, out = base[i]
-                r.num_computed_tokens, r.num_output_tokens = c + j + 1, out + j
-                kv.cache_blocks(r, r.num_prompt_tokens + out + j)
+    def _leave(self, r: Request) -> None:
+        """Materialized, it becomes an ordinary running request."""
+        self._materialize(r)
+        r.lz_sched = None
+        self.num_members -= 1
+        self.sum_off -= r.lz_off
+
+    # -- one step -------------------------------------------------------------------------
+
+    def schedule(self, step: int) -> StepPlan:
+        """Plan step ``step`` (``Scheduler.schedule``'s plan, lazily where it can be)."""
+        self.sched_next = step
+        if not self.num_members:
+            if step < self.retry_at:
+                return self.sched.schedule()
+            self.others = list(self.sched.running)
+        plan = self._schedule_lazily(step)
+        if plan is None:
+            self.dissolve()
+            self.retry_at = step + self.backoff
+            self.backoff = min(2 * self.backoff, _MAX_BACKOFF)
+            return self.sched.schedule()
+        self.backoff = 1
+        self.sched_next = step + 1
+        return plan
+
+    def _schedule_lazily(self, step: int) -> StepPlan | None:
+        sched, kv = self.sched, self.kv
+        p = sched.params
+        in_flight = self.queue[0][0] if self.is_async and self.queue else None
+        # Members whose last lazy step is behind them become ordinary requests (their
+        # outputs in flight are applied one by one).
+        while self.leaving and self.leaving[0][0] <= step:
+            r = heapq.heappop(self.leaving)[2]
+            self._leave(r)
+            insort(self.others, r, key=_rank)
+            if self.is_async:
+                in_flight.exits.append(Chunk(r, 1, r.num_computed_tokens - 1, samples=True))
+        # Requests that now decode steadily join.
+        pending = {id(c.req): c for c in in_flight.scheduled} if in_flight is not None else {}
+        stay = []
+        for r in self.others:
+            leave = self._last_step(r, step, pending)
+            if leave is None:
+                stay.append(r)
             else:
-                tables[r.req_id].append(next(blocks))
-                pi += 1
-            ei += 1
-        free = num_free - pi
-        record(step + j - lag, now, durations[j], num_running, len(waiting), free, usage(free))
-        if progress is not None:
-            progress(step + j + 1 - lag, now + durations[j], num_finished, arrivals.total)
-    delay = t - env.now
-    if env.now + delay == t:
-        yield env.timeout(delay)
-    else:
-        for d in durations:
-            yield env.timeout(d)
-    for r, (c, out) in zip(running, base):
-        r.num_computed_tokens, r.num_output_tokens = c + done, out + done
-    if lag:
-        # The last step scheduled stays in flight.
-        queue[0] = (StepPlan(scheduled=[Chunk(r, 1, r.num_computed_tokens - 1, samples=True)
-                                        for r in running]), step + done - 1)
-    return done
+                self._join(r, step, leave)
+        self.others = stay
+        num_lazy = self.num_members
+        if not num_lazy:
+            return None
+        # The members' block events this step, and what the others ask for: nothing may
+        # be cut short (budget) or fail (free blocks), else the step is not planned here.
+        b, tables = kv.block_size, kv.req_to_blocks
+        due = []
+        num_blocks = 0
+        while self.events and self.events[0][0] <= step:
+            r = heapq.heappop(self.events)[2]
+            if r.lz_sched is not None:
+                due.append(r)
+                num_blocks += (r.num_computed_tokens + step - r.lz_sched
+                               >= len(tables[r.req_id]) * b)
+        threshold = p.long_prefill_token_threshold
+        if sched.sem.long_prefill_only_with_competition and sched.num_unfinished <= 1:
+            threshold = 0
+        mml = p.max_model_len
+        wants = []
+        num_tokens = num_lazy
+        for r in self.others:
+            computed, placeholders = r.num_computed_tokens, r.num_output_placeholders
+            if placeholders and computed + 2 - placeholders >= r.num_prompt_tokens + r.max_tokens:
+                continue  # async: the step in flight already reaches max_tokens
+            n = (r.num_prompt_tokens + r.num_output_tokens + r.num_draft_tokens + placeholders
+                 - computed)
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, mml - computed - 1)
+            if n <= 0:
+                continue
+            num_tokens += n
+            num_blocks += max(-(-min(computed + n, mml) // b) - len(tables[r.req_id]), 0)
+            wants.append((r, n))
+        if num_tokens > sched.token_budget or num_blocks > kv.pool.num_free_blocks:
+            return None
+        # Plan it: running requests in list order, then admissions.
+        plan = StepPlan()
+        scheduled: dict[str, Chunk] = {}
+        prefill_scheduled = False
+        items = [(r.rank, r, 0) for r in due] + [(r.rank, r, n) for r, n in wants]
+        if wants:
+            items.sort(key=lambda item: item[0])
+        for _, r, n in items:
+            if not n:  # a member's event
+                self._materialize(r)
+                if kv.allocate_slots(r, 1) is None:
+                    raise AssertionError("lazy decode: a checked allocation failed")
+                heapq.heappush(self.events, (self._next_event(r, step), r.rank, r))
+                continue
+            prefill_scheduled |= r.is_prefill_chunk
+            if kv.allocate_slots(r, n) is None:
+                raise AssertionError("lazy decode: a checked allocation failed")
+            scheduled[r.req_id] = Chunk(r, n, r.num_computed_tokens)
+        budget = [sched.token_budget - num_tokens, p.max_num_batched_tokens - num_tokens]
+        num_running = len(sched.running)
+        sched._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
+        self.others.extend(sched.running[num_running:])
+        plan.scheduled = list(scheduled.values())
+        sched._update_after_schedule(plan.scheduled)
+        while self.longest[0][2].lz_sched is None:
+            heapq.heappop(self.longest)
+        plan.num_lazy = num_lazy
+        plan.lazy_kv = self.sum_off + num_lazy * (step + 1)
+        plan.lazy_longest = -self.longest[0][0] + step + 1
+        return plan
+
+    def update(self, plan: StepPlan, index: int | None, accept=None):
+        """Apply the outputs of step ``index`` (``Scheduler.update_from_output``'s result):
+        members' implicitly, the chunks' one by one."""
+        chunks = plan.scheduled
+        if plan.exits:
+            chunks = sorted([*chunks, *plan.exits], key=lambda c: c.req.rank)
+        # A member that joined after this step was planned has its chunk here.
+        joined = [c.req for c in chunks if c.req.lz_sched is not None]
+        for r in joined:
+            self._materialize(r)
+        if plan.num_lazy or plan.exits:
+            plan = StepPlan(scheduled=chunks)
+        first, finished = self.sched.update_from_output(plan, accept)
+        if index is not None:
+            self.upd_next = index + 1
+        for r in joined:
+            r.lz_upd = self.upd_next
+        if finished and self.num_members + len(self.others):
+            done = {id(r) for r in finished}
+            self.others = [r for r in self.others if id(r) not in done]
+        return first, finished
+
+    def dissolve(self) -> None:
+        """Materialize every member and stop: the step in flight gets its members' chunks."""
+        if self.num_members:
+            members = [r for r in self.sched.running if r.lz_sched is not None]
+            in_flight = self.queue[0] if self.is_async and self.queue else None
+            if in_flight is not None and in_flight[0].num_lazy:
+                lazy = [r for r in members if r.lz_in <= in_flight[1]]
+            for r in members:
+                self._leave(r)
+            if in_flight is not None and in_flight[0].num_lazy:
+                plan, index = in_flight
+                chunks = [*plan.scheduled, *plan.exits,
+                          *(Chunk(r, 1, r.num_computed_tokens - 1, samples=True) for r in lazy)]
+                chunks.sort(key=lambda c: c.req.rank)
+                self.queue[0] = (StepPlan(scheduled=chunks, prefix_cache=plan.prefix_cache),
+                                 index)
+        self.others = []
+        self.longest, self.events, self.leaving = [], [], []

@@ -133,6 +133,7 @@ class Request:
         "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_token_s", "finish_s", "session_id", "replica",
+        "rank", "lz_sched", "lz_upd", "lz_in", "lz_off",
     )
 
     def __init__(self, spec: RequestSpec, seq: int):
@@ -174,6 +175,12 @@ class Request:
         self.finish_s: float | None = None
         self.session_id = spec.session_id
         self.replica: int | None = None  # a cluster's router sets it on arrival
+        # Running-list order: larger ranks were admitted later (the scheduler sets it).
+        self.rank = 0
+        # Lazy decode (kvsim.fastforward): None, or the step from which the counters above
+        # lag the scheduled steps (and lz_upd: the applied outputs); see LazyDecode.
+        self.lz_sched: int | None = None
+        self.lz_upd = self.lz_in = self.lz_off = 0
 
     @property
     def num_tokens(self) -> int:

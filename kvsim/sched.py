@@ -93,15 +93,29 @@ class Chunk:
 @dataclass(slots=True)
 class StepPlan:
     """What one ``schedule()`` call decided; ``scheduled`` is in vLLM's order (running
-    requests, then admissions)."""
+    requests, then admissions).
+
+    A step planned by lazy decode (``kvsim.fastforward``) also gives ``num_lazy`` running
+    requests one decode token each without a chunk of their own: chunks ``(1, c)`` with
+    Σ(c + 1) = ``lazy_kv`` and max(c + 1) = ``lazy_longest``; ``exits`` are chunks of this
+    step whose requests stopped being lazy before its outputs arrived."""
 
     scheduled: list[Chunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    num_lazy: int = 0
+    lazy_kv: int = 0
+    lazy_longest: int = 0
+    exits: list[Chunk] = field(default_factory=list)
+
+    @property
+    def executes(self) -> bool:
+        """Whether the step runs the model (something is scheduled)."""
+        return bool(self.scheduled) or self.num_lazy > 0
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return sum(c.num_new_tokens for c in self.scheduled)
+        return sum(c.num_new_tokens for c in self.scheduled) + self.num_lazy
 
 
 class _FcfsQueue:
@@ -189,6 +203,7 @@ class Scheduler:
         self.waiting = WAITING_QUEUES[params.scheduling_policy]()
         self.running: list[Request] = []
         self.priority_policy = params.scheduling_policy == "priority"
+        self._num_admitted = 0
 
     def add_request(self, req: Request) -> None:
         self.waiting.add(req)
@@ -215,9 +230,14 @@ class Scheduler:
         if not plan.preempted:
             self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
         plan.scheduled = list(scheduled.values())
+        self._update_after_schedule(plan.scheduled)
+        return plan
+
+    def _update_after_schedule(self, chunks: list[Chunk]) -> None:
+        """vLLM's ``_update_after_schedule``: the scheduled tokens count as computed."""
         k, is_async = self.spec.num_speculative_tokens, self.params.async_scheduling
         in_flight = self.sem.has_num_in_flight_tokens
-        for c in plan.scheduled:  # vLLM's _update_after_schedule
+        for c in chunks:
             req = c.req
             req.num_computed_tokens += c.num_new_tokens
             if in_flight:
@@ -229,7 +249,6 @@ class Scheduler:
                 # the next step already verifies k placeholder drafts.
                 req.num_output_placeholders += 1 + c.num_spec_tokens
                 req.num_draft_tokens = k
-        return plan
 
     def _reserve_prefill_lookahead(self, req: Request, computed: int, n: int) -> int:
         """Multi-module MTP: never end a prefill chunk within the drafter's read-ahead."""
@@ -391,6 +410,8 @@ class Scheduler:
                 plan.prefix_cache.record(req.num_tokens, hit, req.num_preemptions > 0)
             waiting.pop()
             self.running.append(req)
+            self._num_admitted += 1
+            req.rank = self._num_admitted  # orders the running list (lazy decode's events)
             req.status = Status.RUNNING
             req.num_computed_tokens = hit
             scheduled[req.req_id] = Chunk(req, n, hit, k if padded else 0, padded)

@@ -158,10 +158,18 @@ def test_shipped_profiles_load_and_meet_their_figures():
 
 
 def test_shipped_cpu_profile_is_the_fit_of_its_committed_rows():
+    """Refitting the committed rows gives the shipped profile's step times and errors. (Not
+    its every coefficient: with a negligible weight-read time ``w_s`` the knee ``p`` is free,
+    and where the optimiser leaves it depends on the numpy / scipy build.)"""
+    csv = ROOT / "calibration" / "profiles" / "cpu-smollm2-135m.csv"
     shipped = fitted.load_profile(fitted.resolve_profile("cpu-smollm2-135m", None))
-    again = fit.build_profile(ROOT / "calibration" / "profiles" / "cpu-smollm2-135m.csv", shipped["seed"])
+    again = fit.build_profile(csv, shipped["seed"])
+    rows = fit.read_rows(csv)
     for name in ("target", "draft"):
-        assert again[name] == pytest.approx(shipped[name], rel=1e-6), name
+        feats = fit.feature_matrix(fit._columns([r for r in rows if r["pass"] == name], "csv"))
+        times = [fit.predict(np.array([p[k] for k in fitted.PARAMS]), feats)
+                 for p in (shipped[name], again[name])]
+        assert times[1] == pytest.approx(times[0], rel=1e-4), name
     assert again["heldout_error"] == pytest.approx(shipped["heldout_error"], rel=1e-6)
 
 

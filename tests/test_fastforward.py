@@ -5,10 +5,13 @@ checks the pool after every step and never fast-forwards)."""
 import io
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvsim import engine, fastforward, metrics
 from kvsim.config import parse_scenario
 from kvsim.kv.hashing import BlockHasher
+from kvsim.request import ExplicitTokens, RequestSpec
 from kvsim.workload import build_requests
 from tests.builders import make_request
 
@@ -40,16 +43,17 @@ def outputs(sc, **kw):
 
 @pytest.fixture
 def windows(monkeypatch):
-    """Counts the fast-forwarded steps."""
+    """Counts the members of each lazily planned step (one entry per such step)."""
     done = []
-    real = fastforward.run
+    real = fastforward.LazyDecode.schedule
 
-    def spy(*args, **kwargs):
-        n = yield from real(*args, **kwargs)
-        done.append(n)
-        return n
+    def spy(self, step):
+        plan = real(self, step)
+        if plan.num_lazy:
+            done.append(plan.num_lazy)
+        return plan
 
-    monkeypatch.setattr(fastforward, "run", spy)
+    monkeypatch.setattr(fastforward.LazyDecode, "schedule", spy)
     return done
 
 
@@ -155,9 +159,10 @@ def test_streamed_results_are_the_bytes_of_the_in_memory_ones():
 
 
 @pytest.mark.parametrize("case", CASES[-3:], ids=["roofline-tp2", "fitted-tp2", "fitted-moe"])
-def test_a_decode_step_costs_what_its_chunks_cost(case):
-    """``decode_step_time_s`` (what a window times each step by) is ``step_time_s`` of the
-    step's chunks, bit for bit, for any contexts."""
+def test_lazy_decodes_cost_what_their_chunks_cost(case):
+    """``step_time_s`` with one-token chunks given as sums (count, Σ(c + 1), max(c + 1)), as a
+    lazily planned step times them, is ``step_time_s`` of those chunks listed, bit for bit,
+    for any contexts, beside prefill chunks or alone."""
     import random
 
     from kvsim.cost import COST_MODELS
@@ -169,13 +174,17 @@ def test_a_decode_step_costs_what_its_chunks_cost(case):
     rng = random.Random(5)
     for n in (1, 2, 7, 64, 256):
         contexts = [rng.randrange(0, 40_000) for _ in range(n)]
-        chunks = [(1, c) for c in contexts]
-        assert cost.decode_step_time_s(n, sum(c + 1 for c in contexts)) == cost.step_time_s(chunks, n)
+        decodes = [(1, c) for c in contexts]
+        sums = (n, sum(c + 1 for c in contexts), max(c + 1 for c in contexts))
+        for prefills in ([], [(rng.randrange(2, 9000), rng.randrange(0, 9000)) for _ in range(3)]):
+            num_sampled = n + len(prefills)
+            listed = cost.step_time_s([*prefills, *decodes], num_sampled)
+            assert cost.step_time_s(prefills, num_sampled, sums) == listed
 
 
-def test_a_cluster_steps_one_by_one_and_one_replica_matches_a_fast_forwarded_run(windows):
-    """Replicas behind a router are never fast-forwarded (a router may read a replica at any
-    arrival); a one-replica cluster still gives the plain, fast-forwarded run's records."""
+def test_a_cluster_steps_one_by_one_and_one_replica_matches_a_lazy_run(windows):
+    """Replicas behind a router never decode lazily (a router may read a replica at any
+    arrival); a one-replica cluster still gives the plain, lazily planned run's records."""
     from dataclasses import asdict
 
     sc = scenario()
@@ -222,3 +231,48 @@ def test_block_contents_are_equal_exactly_when_the_tokens_are():
                     assert seen.setdefault(tokens, content) == content
                     assert back.setdefault(content, tokens) == tokens
                     assert isinstance(content, int) == (tokens == tuple(range(tokens[0], tokens[0] + size)))
+
+
+@st.composite
+def lazy_cases(draw):
+    """A random engine (release, scheduling, budgets, a pool that may preempt) and requests with
+    shared prefixes arriving together or spread out."""
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    mml = draw(st.integers(24, 200))
+    min_blocks = -(-mml // block_size) + 1
+    chunked = draw(st.booleans())
+    budget = draw(st.integers(8, 160))
+    if not chunked:
+        budget = max(budget, mml)
+    engine_keys = {
+        "vllm_version": draw(st.sampled_from(["0.19.0", "0.22.1", "0.32.0", "0.33.0"])),
+        "num_gpu_blocks": draw(st.integers(min_blocks, min_blocks + 120)), "block_size": block_size,
+        "max_model_len": mml, "max_num_batched_tokens": budget,
+        "max_num_seqs": min(draw(st.integers(1, 24)), budget),
+        "enable_chunked_prefill": chunked, "async_scheduling": draw(st.booleans()),
+        "enable_prefix_caching": draw(st.booleans()),
+        "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 5, 17])),
+        "scheduling_policy": draw(st.sampled_from(["fcfs", "priority"])),
+        "scheduler_reserve_full_isl": draw(st.booleans())}
+    prefixes = [tuple(draw(st.lists(st.integers(0, 2), max_size=50))) for _ in range(3)]
+    spread = draw(st.sampled_from([0.0, 0.002, 0.02]))
+    specs = []
+    for i in range(draw(st.integers(1, 30))):
+        body = draw(st.sampled_from(prefixes)) + tuple(draw(st.lists(st.integers(0, 2), max_size=40)))
+        body = (body or (0,))[: mml - 1]
+        specs.append(RequestSpec(f"r{i}", i * spread * draw(st.integers(0, 3)),
+                                 ExplicitTokens(body), draw(st.integers(1, 120)),
+                                 draw(st.integers(0, 2))))
+    specs.sort(key=lambda s: s.arrival_s)
+    return engine_keys, specs
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lazy_cases())
+def test_lazy_decode_gives_the_bytes_of_step_by_step_on_random_engines(case):
+    engine_keys, specs = case
+    raw = sc_raw()
+    sc = parse_scenario({**raw, "engine": engine_keys, "run": {"seed": 1, "max_steps": 4000}})
+    fast, slow = (engine.run(sc, specs, check_invariants=check) for check in (False, True))
+    assert (metrics.requests_csv(fast), metrics.steps_csv(fast), fast.stopped_by) == (
+        metrics.requests_csv(slow), metrics.steps_csv(slow), slow.stopped_by)

@@ -69,15 +69,21 @@ def expert_share(tokens: float, num_experts: int, top_k: int) -> float:
     return 1.0 - (1.0 - top_k / num_experts) ** tokens
 
 
-def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int, int] = (0, 0)):
+def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int, int] = (0, 0),
+             decodes: tuple[int, int, int] | None = None):
     """``(T, Ap, Kp, Kd_pure, Kd_mixed, L_mixed, E, R_pure, R_mixed, S)`` of one pass over
     ``chunks`` (pairs ``(n, c)``) with ``num_rows`` LM-head rows: decode KV, the longest
     sequence and the chunk count go to the pure-decode or the mixed column by the step's kind
     (``L``/``R`` mixed only when decodes run beside a prefill). A chunk of at most
-    ``max_decode_len`` tokens is a decode chunk; ``experts`` is ``(num_experts, top_k)``."""
+    ``max_decode_len`` tokens is a decode chunk; ``experts`` is ``(num_experts, top_k)``.
+    ``decodes``: further one-token chunks ``(1, c)`` as (count, Σ(c + 1), max(c + 1)) (whole
+    numbers: the sums are the floats chunk-by-chunk addition gives)."""
     tokens = pairs = kv_prefill = kv_decode = 0.0
     longest = 0.0
     num_chunks = num_prefill = 0
+    if decodes is not None:
+        num_chunks, kv_decode, longest = decodes[0], float(decodes[1]), float(decodes[2])
+        tokens = float(num_chunks)
     for n, c in chunks:
         tokens += n
         length = c + n
@@ -99,11 +105,11 @@ def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int,
 
 
 def step_features(chunks, num_sampled: int, max_decode_len: int = 1,
-                  experts: tuple[int, int] = (0, 0)):
+                  experts: tuple[int, int] = (0, 0), decodes: tuple[int, int, int] | None = None):
     """``features`` of a target pass: the LM head scores every verified position, 1 + k rows
     per verifying request (a decode chunk of n tokens adds n − 1 rows to its sampled one)."""
     rows = num_sampled + sum(n - 1 for n, _ in chunks if n <= max_decode_len)
-    return features(chunks, rows, max_decode_len, experts)
+    return features(chunks, rows, max_decode_len, experts, decodes)
 
 
 def pass_time_s(params: dict[str, float], feats) -> float:
@@ -231,21 +237,13 @@ class FittedCost:
         self.label = (f"fitted ({profile.get('device', '?')}, {Path(cost.profile).stem}, held-out "
                       f"median {err.get('median_pct', float('nan')):.1f} %)")
 
-    def step_time_s(self, chunks, num_sampled: int) -> float:
-        """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``)."""
-        feats = step_features(chunks, num_sampled, self.max_decode_len, self.experts)
+    def step_time_s(self, chunks, num_sampled: int,
+                    decodes: tuple[int, int, int] | None = None) -> float:
+        """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``) and
+        ``decodes``: (count, Σ(c + 1), max(c + 1)) of further one-token chunks ``(1, c)``."""
+        feats = step_features(chunks, num_sampled, self.max_decode_len, self.experts, decodes)
         return (self.overhead_s + pass_time_s(self.target, feats)
                 + self.allreduce.time_s(feats[0], self.num_layers))
-
-    def decode_step_time_s(self, num_seqs: int, kv_read: int) -> float:
-        """``step_time_s`` of a pure decode step: ``num_seqs`` chunks ``(1, c)``, one sampled
-        row each, with Σ(c + 1) = ``kv_read`` (the features ``features`` gives it, built
-        directly: whole-number sums below 2**53 are exact, E depends on T alone)."""
-        tokens = float(num_seqs)
-        feats = (tokens, 0.0, 0.0, float(kv_read), 0.0, 0.0,
-                 expert_share(tokens, *self.experts), tokens, 0.0, float(num_seqs))
-        return (self.overhead_s + pass_time_s(self.target, feats)
-                + self.allreduce.time_s(tokens, self.num_layers))
 
     def draft_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds the drafter adds: one pass over the step's chunks, then k − 1 one-row passes."""

@@ -52,8 +52,14 @@ class _Pass:
     weight_bytes: float
     kv_bytes_per_token: float
 
-    def time_s(self, chunks, num_rows: int, flops_per_s: float, bytes_per_s: float) -> float:
+    def time_s(self, chunks, num_rows: int, flops_per_s: float, bytes_per_s: float,
+               decodes: tuple[int, int, int] | None = None) -> float:
+        """``decodes``: further one-token chunks ``(1, c)``, as (count, Σ(c + 1), max(c + 1))."""
         tokens = pairs = kv_read = 0.0
+        if decodes is not None:
+            # Whole-number sums (pairs of a (1, c) chunk: c + 1) far below 2**53: added in
+            # any order they give the same floats as chunk by chunk.
+            tokens, pairs, kv_read = float(decodes[0]), float(decodes[1]), float(decodes[1])
         for n, c in chunks:
             tokens += n
             pairs += n * (c + (n + 1) / 2)
@@ -114,20 +120,14 @@ class RooflineCost:
                 layer = self.target.linear_flops_per_token * tp / 2 / model.num_hidden_layers
                 self.drafter = _model_pass(model, tp, kv_cache_dtype, num_layers=1, body_params=layer)
 
-    def step_time_s(self, chunks, num_sampled: int) -> float:
-        """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``)."""
-        tokens = sum(n for n, _ in chunks)
+    def step_time_s(self, chunks, num_sampled: int,
+                    decodes: tuple[int, int, int] | None = None) -> float:
+        """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``) and
+        ``decodes``: (count, Σ(c + 1), max(c + 1)) of further one-token chunks ``(1, c)``,
+        the same seconds, bit for bit, as with those chunks listed."""
+        tokens = sum(n for n, _ in chunks) + (decodes[0] if decodes is not None else 0)
         return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
-                                                     self.bytes_per_s)
-                + self.allreduce.time_s(tokens, self.num_layers))
-
-    def decode_step_time_s(self, num_seqs: int, kv_read: int) -> float:
-        """``step_time_s`` of a pure decode step: ``num_seqs`` chunks ``(1, c)``, one sampled
-        row each, with Σ(c + 1) = ``kv_read``. The sums are whole numbers far below 2**53,
-        so they are exactly the floats ``step_time_s`` adds up (the same seconds, bit for bit)."""
-        tokens, kv = float(num_seqs), float(kv_read)
-        return (self.overhead_s + self.target.time_of(tokens, kv, kv, num_seqs, self.flops_per_s,
-                                                      self.bytes_per_s)
+                                                     self.bytes_per_s, decodes)
                 + self.allreduce.time_s(tokens, self.num_layers))
 
     def draft_time_s(self, chunks, num_sampled: int) -> float:
