@@ -28,6 +28,7 @@ from kvsim.request import Request, RequestSpec
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.specdec import Acceptance, AcceptanceTally
 
+_MAX_WINDOW = 1 << 30  # steps of one decode window when no run limit caps it
 _TRIM_HASHES = 1 << 19  # interned block hashes kept before unused ones are dropped
 
 
@@ -195,7 +196,13 @@ def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accep
 def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
                  results=None, alone=False):
     limits = sc.run
-    add_step = rec.steps.append if results is None else results.step
+    if results is None:
+        add_step = rec.steps.append
+
+        def decode_record(*fields):
+            add_step(_decode_record(*fields))
+    else:
+        add_step, decode_record = results.step, results.decode_step
     # vLLM's EngineCore: synchronous scheduling runs schedule -> execute -> update; with
     # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
     # executes (its outputs are applied after), and the queue fills first (0.19/0.22 only
@@ -204,6 +211,7 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
     queue_size = 2 if sched.params.async_scheduling else 1
     queue: deque = deque()  # (plan, step index or None), newest first
     step = num_finished = 0
+    last_step_s = 0.0
     lazy = (fastforward.LazyDecode(sched, queue)
             if alone and not check_invariants and fastforward.applies(sched, accept) else None)
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
@@ -218,6 +226,14 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         for r in arrivals.arrived(now):
             r.join_step = step
             sched.add_request(r)
+        if lazy is not None and sched.running:
+            done = yield from lazy.run_window(
+                env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps is None
+                else limits.max_steps - step, limits.max_sim_time_s, decode_record, progress,
+                num_finished, last_step_s)
+            if done:
+                step += done
+                continue
         if sched.num_unfinished:
             plan = sched.schedule() if lazy is None else lazy.schedule(step)
             executed = plan.executes
@@ -255,6 +271,7 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
                 duration = cost.step_time_s(chunks, num_sampled)
                 draft = cost.draft_time_s(chunks, num_sampled)
             yield env.timeout(duration + draft)
+            last_step_s = duration + draft
             arrivals.advance(env.now)  # a router decides before this step's outcome lands
         end = env.now
         if lazy is None:
@@ -290,6 +307,14 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         if results is not None:
             for r in [*sched.running, *sched.waiting, *left]:
                 results.request(r)
+
+
+def _decode_record(step, start, duration, num_running, num_waiting, num_free_blocks,
+                   kv_usage) -> StepRecord:
+    """The record ``_step_record`` makes of a decode window's step (no drafting;
+    ``metrics.Results.decode_step`` writes the same line)."""
+    return StepRecord(step, start, duration, 0.0, num_running, 0, 0, num_running, num_running, 0,
+                      num_running, num_waiting, num_free_blocks, kv_usage, 0, 0, 0, 0)
 
 
 def _step_record(step, start, duration, draft, plan, sched) -> StepRecord:
