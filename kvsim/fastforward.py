@@ -135,6 +135,21 @@ class LazyDecode:
         heapq.heappush(self.leaving, (leave, r.rank, r))
         heapq.heappush(self.events, (self._next_event(r, step), r.rank, r))
 
+    def _event(self, r: Request, step: int, blocks) -> None:
+        """A member's ``allocate_slots(r, 1)`` at ``step`` that does something: a new block
+        (from ``blocks``, the step's, or the free queue), a filled block published."""
+        self._materialize(r)
+        kv = self.kv
+        b = kv.block_size
+        table = kv.req_to_blocks[r.req_id]
+        if r.num_computed_tokens >= len(table) * b:
+            table.append(next(blocks) if blocks is not None else kv.pool.get_new_blocks(1)[0])
+        if kv.enable_caching:
+            tokens = r.num_prompt_tokens + r.num_output_tokens
+            if tokens // b > kv.num_cached_block.get(r.req_id, 0):
+                kv.cache_blocks(r, tokens)
+        heapq.heappush(self.events, (self._next_event(r, step), r.rank, r))
+
     def _leave(self, r: Request) -> None:
         """Materialized, it becomes an ordinary running request."""
         self._materialize(r)
@@ -223,20 +238,27 @@ class LazyDecode:
         plan = StepPlan()
         scheduled: dict[str, Chunk] = {}
         prefill_scheduled = False
-        items = [(r.rank, r, 0) for r in due] + [(r.rank, r, n) for r, n in wants]
         if wants:
+            items = [(r.rank, r, 0) for r in due] + [(r.rank, r, n) for r, n in wants]
             items.sort(key=lambda item: item[0])
-        for _, r, n in items:
-            if not n:  # a member's event
-                self._materialize(r)
-                if kv.allocate_slots(r, 1) is None:
+            for _, r, n in items:
+                if not n:  # a member's event
+                    self._event(r, step, None)
+                    continue
+                prefill_scheduled |= r.is_prefill_chunk
+                if kv.allocate_slots(r, n) is None:
                     raise AssertionError("lazy decode: a checked allocation failed")
-                heapq.heappush(self.events, (self._next_event(r, step), r.rank, r))
-                continue
-            prefill_scheduled |= r.is_prefill_chunk
-            if kv.allocate_slots(r, n) is None:
-                raise AssertionError("lazy decode: a checked allocation failed")
-            scheduled[r.req_id] = Chunk(r, n, r.num_computed_tokens)
+                scheduled[r.req_id] = Chunk(r, n, r.num_computed_tokens)
+        elif due:
+            # Members alone: their blocks come off the free queue in one call, in their
+            # order (a block popped evicts its hash before, not between, the step's
+            # publications: none of those is ever on a free block, and the hash map ends
+            # the same).
+            if len(due) > 1:
+                due.sort(key=_rank)
+            blocks = iter(kv.pool.get_new_blocks(num_blocks))
+            for r in due:
+                self._event(r, step, blocks)
         budget = [sched.token_budget - num_tokens, p.max_num_batched_tokens - num_tokens]
         num_running = len(sched.running)
         sched._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)

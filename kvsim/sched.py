@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from kvsim.kv.hybrid import mamba_checkpoint_position
@@ -514,7 +515,11 @@ class Scheduler:
                 finished.append(req)
             elif k and not is_async:
                 req.num_draft_tokens = k
-        if finished:
+        if len(finished) > 8:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
+        else:
+            for r in finished:
+                with suppress(ValueError):  # (it finished while preempted: a late output)
+                    self.running.remove(r)
         return first, finished

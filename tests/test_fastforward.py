@@ -281,37 +281,40 @@ def lazy_cases(draw):
     return engine_keys, specs
 
 
+def _run_and_pool(sc, specs, check_invariants):
+    """A run's results and records, and its pool at the end: the free queue's order and each
+    published hash's block, the hash as the contents it chains (decode windows intern ids in
+    another order than step by step)."""
+    built = []
+    real_build = engine.build_scheduler
+
+    def build(sc):
+        built.append(real_build(sc))
+        return built[-1]
+
+    with mock.patch.object(engine, "build_scheduler", build):
+        rec = engine.run(sc, specs, check_invariants=check_invariants)
+    kv = built[0].kv
+    key = {h: k for k, h in kv.hasher._ids.items()}  # id -> (parent id, content)
+
+    def content(h):
+        chain = []
+        while h is not None:
+            h, c = key[h]
+            chain.append(c)
+        return tuple(chain)
+
+    return (metrics.requests_csv(rec), metrics.steps_csv(rec), rec.stopped_by,
+            list(kv.pool.free_queue),
+            {content(h): sorted(b) if isinstance(b, dict) else b.block_id
+             for h, b in kv.pool.cached.items()})
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lazy_cases())
 def test_lazy_decode_gives_the_bytes_of_step_by_step_on_random_engines(case):
-    """Results, step records and, at the end, the pool itself: the free queue's order (which
-    block goes next, which hash is evicted first) and every published hash's block."""
+    """Results, step records and, at the end, the pool itself (which block goes next, which
+    hash is evicted first, which block each hash finds)."""
     engine_keys, specs = case
-    raw = sc_raw()
-    sc = parse_scenario({**raw, "engine": engine_keys, "run": {"seed": 1, "max_steps": 4000}})
-    runs = []
-    for check in (False, True):
-        built = []
-
-        def build(sc, built=built):
-            built.append(real_build(sc))
-            return built[-1]
-
-        real_build = engine.build_scheduler
-        with mock.patch.object(engine, "build_scheduler", build):
-            rec = engine.run(sc, specs, check_invariants=check)
-        kv = built[0].kv
-        key = {h: k for k, h in kv.hasher._ids.items()}  # id -> (parent id, content)
-
-        def content(h):  # a hash id as the blocks' contents it chains (ids are interned in
-            chain = []  # another order inside a decode window)
-            while h is not None:
-                h, c = key[h]
-                chain.append(c)
-            return tuple(chain)
-
-        runs.append((metrics.requests_csv(rec), metrics.steps_csv(rec), rec.stopped_by,
-                     list(kv.pool.free_queue),
-                     {content(h): sorted(b) if isinstance(b, dict) else b.block_id
-                      for h, b in kv.pool.cached.items()}))
-    assert runs[0] == runs[1]
+    sc = parse_scenario({**sc_raw(), "engine": engine_keys, "run": {"seed": 1, "max_steps": 4000}})
+    assert _run_and_pool(sc, specs, False) == _run_and_pool(sc, specs, True)
