@@ -39,13 +39,17 @@ class ExplicitTokens:
 
 def block_content(tokens: tuple[int, ...]):
     """The canonical form of one block's tokens, as block hashes key them: the first id
-    when the ids run up by one (``a, a+1, ...``), else the tuple itself. Equal tokens give
-    equal forms (an int never equals a tuple), and a run costs no tuple."""
+    when the ids run up by one (``a, a+1, ...``), ``(a,)`` when two or more are all ``a``
+    (a request's output tokens), else the tuple itself. Equal tokens give equal forms (an
+    int never equals a tuple; a block's tuple is as long as the block), and a run costs no
+    long tuple."""
     a = tokens[0]
     size = len(tokens)
     if tokens[-1] - a == size - 1 and (size < 2 or tokens[1] == a + 1) and (
             size < 3 or tokens == tuple(range(a, a + size))):
         return a
+    if tokens[-1] == a and tokens.count(a) == size:
+        return (a,)
     return tokens
 
 
@@ -203,8 +207,8 @@ class Request:
         p = self.num_prompt_tokens
         if end <= p and type(self.prompt) is SegmentTokens:
             return self.prompt.block_contents(first, count, step, size)
-        if first >= p:  # outputs only: every window is the same
-            return [block_content((self.output_token_id,) * size)] * count
+        if first >= p:  # outputs only: every window is block_content((id,) * size)
+            return [(self.output_token_id,) if size > 1 else self.output_token_id] * count
         tokens = self.token_window(first, end)
         return [block_content(tokens[k:k + size]) for k in range(0, count * step, step)]
 

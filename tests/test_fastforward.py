@@ -215,8 +215,9 @@ def test_a_cluster_steps_one_by_one_and_one_replica_matches_a_lazy_run(windows):
 
 
 def test_block_contents_are_equal_exactly_when_the_tokens_are():
-    """The canonical block content (a run of consecutive ids is its first id) of prompts given
-    as runs, as explicit ids, and across the prompt/output boundary."""
+    """The canonical block content (a run of consecutive ids is its first id, a repeated id
+    ``(id,)``) of prompts given as runs, as explicit ids, across the prompt/output boundary
+    and of outputs alone."""
     from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens, block_content
 
     rng = __import__("random").Random(11)
@@ -228,23 +229,26 @@ def test_block_contents_are_equal_exactly_when_the_tokens_are():
         if n % 2:
             prompt = ExplicitTokens(prompt.window(0, len(prompt)))
         r = Request(RequestSpec(req_id=str(n), arrival_s=0.0, prompt=prompt, max_tokens=9), n)
-        r.num_output_tokens = rng.randrange(0, 4)
+        r.num_output_tokens = rng.randrange(0, 7)
         reqs.append(r)
     for size in (1, 2, 3, 5):
         for step in (1, size):
             seen: dict = {}
             back: dict = {}
             for r in reqs:
-                count = (r.num_tokens - size) // step + 1
-                if count <= 0:
-                    continue
-                got = r.block_contents(0, count, step, size)
-                for k, content in enumerate(got):
-                    tokens = r.token_window(k * step, k * step + size)
-                    assert content == block_content(tokens)
-                    assert seen.setdefault(tokens, content) == content
-                    assert back.setdefault(content, tokens) == tokens
-                    assert isinstance(content, int) == (tokens == tuple(range(tokens[0], tokens[0] + size)))
+                for first in (0, r.num_prompt_tokens):  # from the start; outputs alone
+                    count = (r.num_tokens - first - size) // step + 1
+                    if count <= 0:
+                        continue
+                    got = r.block_contents(first, count, step, size)
+                    windows = [r.token_window(first + k * step, first + k * step + size)
+                               for k in range(count)]
+                    for content, tokens in zip(got, windows):
+                        assert content == block_content(tokens)
+                        assert seen.setdefault(tokens, content) == content
+                        assert back.setdefault(content, tokens) == tokens
+                        run = tuple(range(tokens[0], tokens[0] + size))
+                        assert isinstance(content, int) == (tokens == run)
 
 
 @st.composite

@@ -107,13 +107,15 @@ class BlockPool:
         """ref_cnt -= 1 for each block, given in eviction order; released blocks rejoin the queue."""
         to_front: list[Block] = []
         to_tail: list[Block] = []
+        null = self.null_block
+        front_if_unhashed = self.free_unhashed_to_front
+        all_to_front = front_if_unhashed and not self.enable_caching
         for blk in ordered_blocks:
-            if blk is self.null_block:
+            if blk is null:
                 continue
             blk.ref_cnt -= 1
             if blk.ref_cnt == 0:
-                if self.free_unhashed_to_front and (blk.block_hash is None
-                                                    or not self.enable_caching):
+                if all_to_front or (front_if_unhashed and blk.block_hash is None):
                     to_front.append(blk)
                 else:
                     to_tail.append(blk)
