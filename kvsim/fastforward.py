@@ -65,7 +65,7 @@ class LazyDecode:
         self.num_members = 0
         self.sum_off = 0  # Σ lz_off over members: Σ c of their step-s chunks is sum_off + M·s
         self.longest: list[tuple[int, int, Request]] = []  # (-lz_off, rank, r), stale allowed
-        self.events: list[tuple[int, int, Request]] = []  # (step, rank, r): allocate_slots due
+        self.events: dict[int, list[Request]] = {}  # step -> members whose allocate_slots acts
         self.leaving: list[tuple[int, int, Request]] = []  # (step, rank, r): no longer lazy
         self.others: list[Request] = []  # running requests that are not members, by rank
         self.sched_next = 0  # the step being (or next to be) scheduled
@@ -133,7 +133,7 @@ class LazyDecode:
         self.sum_off += r.lz_off
         heapq.heappush(self.longest, (-r.lz_off, r.rank, r))
         heapq.heappush(self.leaving, (leave, r.rank, r))
-        heapq.heappush(self.events, (self._next_event(r, step), r.rank, r))
+        self._add_event(r, step)
 
     def _event(self, r: Request, step: int, blocks) -> None:
         """A member's ``allocate_slots(r, 1)`` at ``step`` that does something: a new block
@@ -148,7 +148,15 @@ class LazyDecode:
             tokens = r.num_prompt_tokens + r.num_output_tokens
             if tokens // b > kv.num_cached_block.get(r.req_id, 0):
                 kv.cache_blocks(r, tokens)
-        heapq.heappush(self.events, (self._next_event(r, step), r.rank, r))
+        self._add_event(r, step)
+
+    def _add_event(self, r: Request, step: int) -> None:
+        event = self._next_event(r, step)
+        due = self.events.get(event)
+        if due is None:
+            self.events[event] = [r]
+        else:
+            due.append(r)
 
     def _leave(self, r: Request) -> None:
         """Materialized, it becomes an ordinary running request."""
@@ -204,14 +212,10 @@ class LazyDecode:
         # The members' block events this step, and what the others ask for: nothing may
         # be cut short (budget) or fail (free blocks), else the step is not planned here.
         b, tables = kv.block_size, kv.req_to_blocks
-        due = []
+        due = [r for r in self.events.pop(step, ()) if r.lz_sched is not None]
         num_blocks = 0
-        while self.events and self.events[0][0] <= step:
-            r = heapq.heappop(self.events)[2]
-            if r.lz_sched is not None:
-                due.append(r)
-                num_blocks += (r.num_computed_tokens + step - r.lz_sched
-                               >= len(tables[r.req_id]) * b)
+        for r in due:
+            num_blocks += r.num_computed_tokens + step - r.lz_sched >= len(tables[r.req_id]) * b
         threshold = p.long_prefill_token_threshold
         if sched.sem.long_prefill_only_with_competition and sched.num_unfinished <= 1:
             threshold = 0
@@ -340,7 +344,7 @@ class LazyDecode:
                 self.queue[0] = (StepPlan(scheduled=chunks, prefix_cache=plan.prefix_cache),
                                  index)
         self.others = []
-        self.longest, self.events, self.leaving = [], [], []
+        self.longest, self.events, self.leaving = [], {}, []
 
 
 # -- decode windows: a batch that nothing can change, many steps at once ------------------
