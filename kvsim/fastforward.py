@@ -10,7 +10,7 @@ their counters lag (``Request.lz_sched`` / ``lz_upd`` say by how many scheduled 
 applied outputs) and are brought up to date ("materialized") only when something happens:
 
 * a member's block event, at the step computed in advance, in running-list order (requests'
-  ``rank``) among the other running requests, by the scheduler's own ``allocate_slots``;
+  ``rank``) among the other running requests: what ``allocate_slots(req, 1)`` does then;
 * its last step (it leaves and is scheduled, or skipped asynchronously, like any request, and
   its finishing outputs are applied by ``Scheduler.update_from_output``);
 * a step that lazy decode can't plan (see below): every member is materialized, the step in
@@ -26,6 +26,11 @@ first. A step's cost takes the members' chunks ``(1, c)`` as whole-number sums
 exactly. So a run gives, byte for byte, the results of step-by-step simulation (tests compare
 the two), at a cost that follows the events — block boundaries, arrivals, completions — not
 steps × running requests.
+
+Decode windows (``window`` / ``run``, below) go further where a batch can't change for many
+steps (every running request a member, none finishing, no arrival that could join): the
+members are materialized and the window's steps are made in one pass, their block pops in one
+``get_new_blocks``, each request's hashes in one call; lazy decode starts again after it.
 """
 
 from __future__ import annotations
@@ -348,6 +353,34 @@ class LazyDecode:
 
 
 # -- decode windows: a batch that nothing can change, many steps at once ------------------
+#
+# In a step where every running request decodes (one new token each, no drafts) and no
+# request can join, vLLM's ``schedule()`` gives each running request one token, in list order,
+# and ``update_from_output()`` gives each one output token. Until a request reaches
+# ``max_tokens`` / ``max_model_len`` or a request could be admitted, the next step is the same
+# batch again, one token further. Inside such a window the only calls with an effect are the
+# ``allocate_slots(req, 1)`` that cross a block boundary (a block is popped from the free
+# queue) or complete a block (its hash is published; with asynchronous scheduling the
+# ``cache_blocks`` after the outputs arrive then finds nothing new). ``run`` makes exactly
+# those calls: the window's pops in one ``get_new_blocks`` (the free queue changes by nothing
+# else inside a window, so the same blocks come off in the same order and evict the same
+# hashes), handed out in step-by-step order (step, then position in the running list); the
+# publications in that order, with each request's counters set as they would be then (the
+# block hashes computed beforehand, a request at a time: hash ids are interned in another
+# order, and only their equality is ever read); then it moves the counters of all requests.
+#
+# Step times and records are those of step-by-step simulation: each step has its own start
+# time, ``t_{j+1} = t_j + d_j`` as SimPy adds them, and the clock jumps to the window's end
+# in one timeout when that lands on the same float (else one timeout per step; the engine
+# is alone on its clock). A step is timed by the cost model's ``step_time_s`` with its chunks
+# ``(1, c)`` as sums (they enter the cost models only through whole-number sums, Σ(c + 1) and
+# the chunk count, given exactly; every other feature of a pure decode step, the MoE expert
+# share included, is fixed by the chunk count). The window stops before any step where step-by-step simulation
+# would do something else: a completion, an admissible arrival, a free queue too short for the
+# step's allocations, a run limit. With asynchronous scheduling (a batch queue of two) the step in
+# flight when the window starts must be such a step too; the window leaves its last step in
+# flight, as the engine loop would.
+
 
 def window(sched, queue, max_steps: int) -> int:
     """How many steps (up to ``max_steps``) the running batch decodes unchanged; 0 if none.

@@ -90,14 +90,16 @@ class SegmentTokens:
             i += 1
         return tuple(out)
 
-
     def block_contents(self, first: int, count: int, step: int, size: int) -> list:
         """``block_content`` of the ``count`` windows ``[first + k*step, + size)``, all inside
         the prompt; a window within one run is its first id without making the tuple."""
-        out = []
         offsets, firsts, n = self.offsets, self.firsts, self.n
         last = len(offsets) - 1
         i = bisect_right(offsets, first) - 1
+        if first + (count - 1) * step + size <= (offsets[i + 1] if i < last else n):
+            base = firsts[i] - offsets[i]  # every window within one run
+            return list(range(base + first, base + first + count * step, step))
+        out = []
         for start in range(first, first + count * step, step):
             while i < last and offsets[i + 1] <= start:
                 i += 1

@@ -64,10 +64,8 @@ class BlockHasher:
             return hashes
         next_id = self._next
         for content in req.block_contents(first, limit - len(hashes), b, b + la):
-            key = (parent, content)
-            h = ids.get(key)
-            if h is None:
-                h = ids[key] = next_id
+            h = ids.setdefault((parent, content), next_id)
+            if h == next_id:
                 next_id += 1
             hashes.append(h)
             parent = h
