@@ -2,9 +2,11 @@
 block_pool.py / single_type_kv_cache_manager.py (see the comments for each derivation)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.errors import InvariantError
-from kvsim.kv.pool import BlockPool
+from kvsim.kv.pool import Block, BlockPool, FreeQueue
 from tests.builders import make_manager, make_request
 
 
@@ -111,3 +113,43 @@ def test_check_invariants_catches_corruption():
     pool.check_invariants()
     with pytest.raises(InvariantError):
         pool.check_invariants({blk.block_id: 2})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["tail", "front", "remove", "take"]),
+                          st.integers(0, 2000)), max_size=400))
+def test_free_queue_keeps_the_order_of_a_linked_list(ops):
+    """FreeQueue (a deque with stale entries for blocks taken out of the middle, compacted when
+    they pile up) against a plain ordered model of vLLM's doubly linked free list."""
+    blocks = [Block(i) for i in range(1, 41)]
+    queue = FreeQueue(blocks[:25], slack=3)  # compacts often
+    model = list(range(1, 26))
+    for op, i in ops:
+        blk = blocks[i % 40]
+        queued = blk.block_id in model
+        if op in ("tail", "front") and not queued:
+            queue.extend([blk]) if op == "tail" else queue.extend_front([blk])
+            model.insert(len(model) if op == "tail" else 0, blk.block_id)
+        elif op == "remove" and queued:
+            queue.remove(blk)
+            model.remove(blk.block_id)
+        elif op == "take" and model:
+            n = i % 4 + 1 if len(model) > 4 else len(model)
+            assert [b.block_id for b in queue.take(n)] == model[:n]
+            del model[:n]
+        assert len(queue) == len(model)
+    assert list(queue) == model
+    assert {b.block_id for b in blocks if b.ticket} == set(model)
+
+
+def test_free_queue_compaction_keeps_the_queued_blocks_in_order():
+    blocks = [Block(i) for i in range(1, 11)]
+    queue = FreeQueue(blocks, slack=1)
+    for i in (1, 2, 4, 5, 7, 8):  # prefix hits take blocks 2, 3, 5, 6, 8, 9 out
+        queue.remove(blocks[i])
+    assert len(queue._q) < 10, "the stale entries were dropped"
+    queue.extend_front([blocks[4]])
+    queue.extend([blocks[1]])
+    assert list(queue) == [5, 1, 4, 7, 10, 2]
+    assert [b.block_id for b in queue.take(3)] == [5, 1, 4]
+    assert list(queue) == [7, 10, 2] and len(queue) == 3

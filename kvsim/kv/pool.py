@@ -16,23 +16,89 @@ Mirrors ``vllm/v1/core/block_pool.py``:
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable
 
 from kvsim.errors import InvariantError
 
 
 class Block:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "hash_tokens")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "hash_tokens", "ticket")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: int | None = None
         self.hash_tokens = 0  # prefix length the primary hash covers
+        self.ticket = 0  # its entry in the free queue (0: not queued)
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+class FreeQueue:
+    """vLLM's free block queue (a doubly linked list there), head first.
+
+    A deque of ``(block, ticket)``: a block is queued under its latest ticket
+    (``Block.ticket``; 0 when not queued). A block taken out of the middle (a prefix hit)
+    leaves its entry behind, stale: skipped when it reaches the head, dropped when stale
+    entries outnumber live ones. Iteration gives the queued block ids, head first."""
+
+    __slots__ = ("_q", "_n", "_ticket", "_slack")
+
+    def __init__(self, blocks: Iterable[Block] = (), slack: int = 1024):
+        self._q: deque[tuple[Block, int]] = deque()
+        self._slack = slack  # stale entries tolerated beyond as many as there are queued blocks
+        self._n = 0
+        self._ticket = 0
+        self.extend(blocks)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self):
+        return (blk.block_id for blk, t in self._q if blk.ticket == t)
+
+    def extend(self, blocks: Iterable[Block]) -> None:
+        """Queue ``blocks`` at the tail, in order."""
+        q, t0 = self._q, self._ticket
+        t = t0
+        for blk in blocks:
+            t += 1
+            blk.ticket = t
+            q.append((blk, t))
+        self._n += t - t0
+        self._ticket = t
+
+    def extend_front(self, blocks: list[Block]) -> None:
+        """Queue ``blocks`` at the head, in order (the first becomes the head)."""
+        q, t = self._q, self._ticket
+        for blk in reversed(blocks):
+            t += 1
+            blk.ticket = t
+            q.appendleft((blk, t))
+        self._n += len(blocks)
+        self._ticket = t
+
+    def take(self, n: int) -> list[Block]:
+        """Dequeue ``n`` blocks from the head (there must be that many)."""
+        popleft = self._q.popleft
+        out = []
+        for _ in range(n):
+            blk, t = popleft()
+            while blk.ticket != t:
+                blk, t = popleft()
+            blk.ticket = 0
+            out.append(blk)
+        self._n -= n
+        return out
+
+    def remove(self, blk: Block) -> None:
+        """Dequeue a queued block wherever it is."""
+        blk.ticket = 0
+        self._n -= 1
+        if len(self._q) > 2 * self._n + self._slack:
+            self._q = deque(e for e in self._q if e[0].ticket == e[1])
 
 
 class BlockPool:
@@ -44,10 +110,7 @@ class BlockPool:
         self.free_unhashed_to_front = free_unhashed_to_front
         self.blocks = [Block(i) for i in range(num_gpu_blocks)]
         self.null_block = self.blocks[0]
-        # Insertion order is queue order; OrderedDict gives O(1) pop-left, append, prepend
-        # (move_to_end(last=False)) and removal from the middle.
-        self.free_queue: OrderedDict[int, Block] = OrderedDict(
-            (blk.block_id, blk) for blk in self.blocks[1:])
+        self.free_queue = FreeQueue(self.blocks[1:])
         # hash -> the block, or {block_id: block} in insertion order when the same content
         # was computed twice (vLLM does not de-duplicate; a lookup returns the oldest).
         self.cached: dict[int, Block | dict[int, Block]] = {}
@@ -80,10 +143,9 @@ class BlockPool:
         """Pop ``num_blocks`` from the head, evicting any hash they carry; ref_cnt becomes 1."""
         if num_blocks > len(self.free_queue):
             raise InvariantError(f"cannot get {num_blocks} blocks, {len(self.free_queue)} free")
-        pop, cached, extra = self.free_queue.popitem, self.cached, self.extra_hashes
-        out = []
-        for _ in range(num_blocks):
-            blk = pop(last=False)[1]
+        cached, extra = self.cached, self.extra_hashes
+        out = self.free_queue.take(num_blocks)
+        for blk in out:
             h = blk.block_hash
             if h is not None:
                 if cached.get(h) is blk and blk.block_id not in extra:
@@ -92,7 +154,6 @@ class BlockPool:
                 else:
                     self._remove_hashes(blk)
             blk.ref_cnt = 1
-            out.append(blk)
         return out
 
     def touch(self, blocks: Iterable[Block]) -> None:
@@ -100,7 +161,7 @@ class BlockPool:
         queue = self.free_queue
         for blk in blocks:
             if blk.ref_cnt == 0:
-                del queue[blk.block_id]
+                queue.remove(blk)
             blk.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[Block]) -> None:
@@ -119,12 +180,9 @@ class BlockPool:
                     to_front.append(blk)
                 else:
                     to_tail.append(blk)
-        queue = self.free_queue
-        for blk in reversed(to_front):
-            queue[blk.block_id] = blk
-            queue.move_to_end(blk.block_id, last=False)
-        for blk in to_tail:
-            queue[blk.block_id] = blk
+        if to_front:
+            self.free_queue.extend_front(to_front)
+        self.free_queue.extend(to_tail)
 
     def cache_full_blocks(self, blocks: list[Block], block_hashes: list[int],
                           num_cached_blocks: int, num_full_blocks: int, block_size: int) -> None:
@@ -207,7 +265,10 @@ class BlockPool:
         ``expected_ref_cnt`` when given: how many block tables hold each block); the hash map
         and the blocks' hashes agree; free + used + null = total.
         """
-        queue = self.free_queue
+        queued = list(self.free_queue)
+        queue = set(queued)
+        if len(queue) != len(queued) or len(queued) != len(self.free_queue):
+            raise InvariantError("the free queue holds a block twice or miscounts")
         if self.null_block.block_id in queue or self.null_block.block_hash is not None:
             raise InvariantError("null block is free or hashed")
         used = 0
@@ -215,6 +276,8 @@ class BlockPool:
             if blk.ref_cnt < 0:
                 raise InvariantError(f"{blk} has a negative ref count")
             in_queue = blk.block_id in queue
+            if in_queue != (blk.ticket != 0):
+                raise InvariantError(f"{blk} queued={in_queue} but ticket={blk.ticket}")
             if in_queue == (blk.ref_cnt > 0):
                 raise InvariantError(f"{blk} free={in_queue} but ref_cnt={blk.ref_cnt}")
             used += blk.ref_cnt > 0
