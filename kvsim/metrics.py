@@ -11,7 +11,6 @@ import io
 import json
 from array import array
 from dataclasses import fields
-from operator import attrgetter
 
 import numpy as np
 
@@ -65,11 +64,10 @@ def _request_row(r) -> list:
 
 
 STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
-_step_values = attrgetter(*STEP_COLUMNS)
-# Step fields are numbers, never None: only the float ones need _fmt (an int there, as a clock
-# may start at 0, goes through _fmt too); the others are ints, written as str() does.
-_STEP_FLOATS = tuple(i for i, f in enumerate(fields(StepRecord)) if f.type == "float")
-_STEP_LINE = ",".join("{}" for _ in STEP_COLUMNS) + "\n"
+# Step fields are numbers, never None: the float ones written as _fmt writes them (``.9g``; an
+# int there, as a clock may start at 0, comes out the same), the ints as str() does.
+_STEP_LINE = ",".join(f"{{0.{f.name}:.9g}}" if f.type == "float" else f"{{0.{f.name}}}"
+                      for f in fields(StepRecord)) + "\n"
 
 
 class Results:
@@ -102,12 +100,9 @@ class Results:
         self.draft_s = 0
 
     def step(self, s: StepRecord, replica: int | None = None) -> None:
-        values = list(_step_values(s))
-        for i in _STEP_FLOATS:
-            values[i] = _fmt(values[i])
         if self._replicas:
             self._steps.write(f"{replica},")
-        self._steps.write(_STEP_LINE.format(*values))
+        self._steps.write(_STEP_LINE.format(s))
         self.num_steps += 1
         self.queries += s.prefix_cache_queries
         self.hits += s.prefix_cache_hits
