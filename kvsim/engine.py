@@ -226,11 +226,11 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         for r in arrivals.arrived(now):
             r.join_step = step
             sched.add_request(r)
-        if lazy is not None and sched.running:
+        if lazy is not None and lazy.window_ahead(step, now, arrivals, last_step_s):
             done = yield from lazy.run_window(
                 env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps is None
                 else limits.max_steps - step, limits.max_sim_time_s, decode_record, progress,
-                num_finished, last_step_s)
+                num_finished)
             if done:
                 step += done
                 continue

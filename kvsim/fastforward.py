@@ -138,25 +138,30 @@ class LazyDecode:
         self.sum_off += r.lz_off
         heapq.heappush(self.longest, (-r.lz_off, r.rank, r))
         heapq.heappush(self.leaving, (leave, r.rank, r))
-        self._add_event(r, step)
+        self._add_event(r, self._next_event(r, step))
 
     def _event(self, r: Request, step: int, blocks) -> None:
         """A member's ``allocate_slots(r, 1)`` at ``step`` that does something: a new block
-        (from ``blocks``, the step's, or the free queue), a filled block published."""
+        (from ``blocks``, the step's, or the free queue), a filled block published; then
+        its next event (``_next_event``, here from what is at hand)."""
         self._materialize(r)
         kv = self.kv
         b = kv.block_size
         table = kv.req_to_blocks[r.req_id]
-        if r.num_computed_tokens >= len(table) * b:
+        computed = r.num_computed_tokens
+        if computed >= len(table) * b:
             table.append(next(blocks) if blocks is not None else kv.pool.get_new_blocks(1)[0])
+        event = step + len(table) * b - computed
         if kv.enable_caching:
             tokens = r.num_prompt_tokens + r.num_output_tokens
-            if tokens // b > kv.num_cached_block.get(r.req_id, 0):
+            num_cached = kv.num_cached_block.get(r.req_id, 0)
+            if tokens // b > num_cached:
                 kv.cache_blocks(r, tokens)
-        self._add_event(r, step)
+                num_cached = kv.num_cached_block.get(r.req_id, num_cached)
+            event = min(event, step + (num_cached + 1) * b - tokens)  # (now past step)
+        self._add_event(r, event)
 
-    def _add_event(self, r: Request, step: int) -> None:
-        event = self._next_event(r, step)
+    def _add_event(self, r: Request, event: int) -> None:
         due = self.events.get(event)
         if due is None:
             self.events[event] = [r]
@@ -291,7 +296,7 @@ class LazyDecode:
         joined = [c.req for c in chunks if c.req.lz_sched is not None]
         for r in joined:
             self._materialize(r)
-        if plan.num_lazy or plan.exits:
+        if plan.exits:  # (update_from_output reads the chunks alone)
             plan = StepPlan(scheduled=chunks)
         first, finished = self.sched.update_from_output(plan, accept)
         if index is not None:
@@ -303,25 +308,30 @@ class LazyDecode:
             self.others = [r for r in self.others if id(r) not in done]
         return first, finished
 
-    def run_window(self, env, cost, arrivals, step: int, max_steps: int, max_sim_time_s,
-                   record, progress, num_finished: int, last_step_s: float):
-        """Decode a window of steps at once (``window``/``run`` below) when every running
+    def window_ahead(self, step: int, now: float, arrivals, last_step_s: float) -> bool:
+        """Whether a decode window may start at ``step`` (``run_window``): every running
         request is a member, none leaves for ``_MIN_WINDOW`` steps, the step in flight is
-        theirs alone, and no arrival can join that soon (a SimPy generator; returns the
-        steps done, 0 when there was no window)."""
+        theirs alone, and no arrival can join that soon (judged by the last step's time)."""
         sched = self.sched
         if (not self.num_members or self.others
                 or (self.leaving and self.leaving[0][0] - step < _MIN_WINDOW)):
-            return 0
+            return False
         if self.is_async:
             plan = self.queue[0][0] if self.queue else None
             if plan is None or plan.scheduled or plan.exits or not plan.num_lazy:
-                return 0
+                return False
         if len(sched.running) < sched.params.max_num_seqs:
             wake = arrivals.next_arrival_s()
             if len(sched.waiting) or (wake is not None
-                                      and wake - env.now < _MIN_WINDOW * last_step_s):
-                return 0
+                                      and wake - now < _MIN_WINDOW * last_step_s):
+                return False
+        return True
+
+    def run_window(self, env, cost, arrivals, step: int, max_steps: int, max_sim_time_s,
+                   record, progress, num_finished: int):
+        """Decode a window of steps at once (``window``/``run`` below; a SimPy generator,
+        returns the steps done: 0 when ``window`` finds none)."""
+        sched = self.sched
         self.dissolve()
         k = window(sched, self.queue, max_steps)
         done = 0
