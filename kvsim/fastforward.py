@@ -279,11 +279,15 @@ class LazyDecode:
         self.others.extend(sched.running[num_running:])
         plan.scheduled = list(scheduled.values())
         sched._update_after_schedule(plan.scheduled)
-        while self.longest[0][2].lz_sched is None:
-            heapq.heappop(self.longest)
+        longest = self.longest
+        if len(longest) > 2 * num_lazy + 64:  # drop the entries of members that left
+            longest = self.longest = [e for e in longest if e[2].lz_sched is not None]
+            heapq.heapify(longest)
+        while longest[0][2].lz_sched is None:
+            heapq.heappop(longest)
         plan.num_lazy = num_lazy
         plan.lazy_kv = self.sum_off + num_lazy * (step + 1)
-        plan.lazy_longest = -self.longest[0][0] + step + 1
+        plan.lazy_longest = -longest[0][0] + step + 1
         return plan
 
     def update(self, plan: StepPlan, index: int | None, accept=None):
