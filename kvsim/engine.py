@@ -196,13 +196,10 @@ def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accep
 def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
                  results=None, alone=False):
     limits = sc.run
-    if results is None:
-        add_step = rec.steps.append
+    add_step = rec.steps.append if results is None else results.step
 
-        def decode_record(*fields):
-            add_step(_decode_record(*fields))
-    else:
-        add_step, decode_record = results.step, results.decode_step
+    def decode_record(*fields):  # a decode window's step
+        add_step(_decode_record(*fields))
     # vLLM's EngineCore: synchronous scheduling runs schedule -> execute -> update; with
     # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
     # executes (its outputs are applied after), and the queue fills first (0.19/0.22 only
@@ -311,8 +308,7 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
 
 def _decode_record(step, start, duration, num_running, num_waiting, num_free_blocks,
                    kv_usage) -> StepRecord:
-    """The record ``_step_record`` makes of a decode window's step (no drafting;
-    ``metrics.Results.decode_step`` writes the same line)."""
+    """The record ``_step_record`` makes of a decode window's step (no drafting)."""
     return StepRecord(step, start, duration, 0.0, num_running, 0, 0, num_running, num_running, 0,
                       num_running, num_waiting, num_free_blocks, kv_usage, 0, 0, 0, 0)
 

@@ -68,8 +68,8 @@ class LazyDecode:
         self.is_async = sched.params.async_scheduling
         self.in_flight = sched.sem.has_num_in_flight_tokens
         self.num_members = 0
-        self.sum_off = 0  # Σ lz_off over members: Σ c of their step-s chunks is sum_off + M·s
-        self.longest: list[tuple[int, int, Request]] = []  # (-lz_off, rank, r), stale allowed
+        self.sum_off = 0  # Σ (computed − lz_sched) over members: Σ c of step s is sum_off + M·s
+        self.longest: list[tuple[int, int, Request]] = []  # (-(computed − lz_sched), rank, r), stale allowed
         self.events: dict[int, list[Request]] = {}  # step -> members whose allocate_slots acts
         self.leaving: list[tuple[int, int, Request]] = []  # (step, rank, r): no longer lazy
         self.others: list[Request] = []  # running requests that are not members, by rank
@@ -133,33 +133,28 @@ class LazyDecode:
 
     def _join(self, r: Request, step: int, leave: int) -> None:
         r.lz_sched, r.lz_upd, r.lz_in = step, self.upd_next, step
-        r.lz_off = r.num_computed_tokens - step
+        off = r.num_computed_tokens - step  # (kept by _materialize: both move by s)
         self.num_members += 1
-        self.sum_off += r.lz_off
-        heapq.heappush(self.longest, (-r.lz_off, r.rank, r))
+        self.sum_off += off
+        heapq.heappush(self.longest, (-off, r.rank, r))
         heapq.heappush(self.leaving, (leave, r.rank, r))
         self._add_event(r, self._next_event(r, step))
 
     def _event(self, r: Request, step: int, blocks) -> None:
         """A member's ``allocate_slots(r, 1)`` at ``step`` that does something: a new block
         (from ``blocks``, the step's, or the free queue), a filled block published; then
-        its next event (``_next_event``, here from what is at hand)."""
+        its next event."""
         self._materialize(r)
         kv = self.kv
         b = kv.block_size
         table = kv.req_to_blocks[r.req_id]
-        computed = r.num_computed_tokens
-        if computed >= len(table) * b:
+        if r.num_computed_tokens >= len(table) * b:
             table.append(next(blocks) if blocks is not None else kv.pool.get_new_blocks(1)[0])
-        event = step + len(table) * b - computed
         if kv.enable_caching:
             tokens = r.num_prompt_tokens + r.num_output_tokens
-            num_cached = kv.num_cached_block.get(r.req_id, 0)
-            if tokens // b > num_cached:
+            if tokens // b > kv.num_cached_block.get(r.req_id, 0):
                 kv.cache_blocks(r, tokens)
-                num_cached = kv.num_cached_block.get(r.req_id, num_cached)
-            event = min(event, step + (num_cached + 1) * b - tokens)  # (now past step)
-        self._add_event(r, event)
+        self._add_event(r, self._next_event(r, step))
 
     def _add_event(self, r: Request, event: int) -> None:
         due = self.events.get(event)
@@ -171,9 +166,9 @@ class LazyDecode:
     def _leave(self, r: Request) -> None:
         """Materialized, it becomes an ordinary running request."""
         self._materialize(r)
-        r.lz_sched = None
         self.num_members -= 1
-        self.sum_off -= r.lz_off
+        self.sum_off -= r.num_computed_tokens - r.lz_sched
+        r.lz_sched = None
 
     # -- one step -------------------------------------------------------------------------
 

@@ -111,17 +111,6 @@ class Results:
         self.usage.append(s.kv_usage)
         self.draft_s += s.draft_s
 
-    def decode_step(self, step, start, duration, num_running, num_waiting, num_free_blocks,
-                    kv_usage) -> None:
-        """``step(engine._decode_record(...))`` without making the record (a decode window's
-        step: no drafting, no prefix-cache lookups)."""
-        # (_fmt inline: the times and the usage are floats, or a clock's first 0)
-        self._steps.write(f"{step},{start:.9g},{duration:.9g},0,{num_running},0,0,"
-                          f"{num_running},{num_running},0,{num_running},{num_waiting},"
-                          f"{num_free_blocks},{kv_usage:.9g},0,0,0,0\n")
-        self.num_steps += 1
-        self.usage.append(kv_usage)
-
     def request(self, r) -> None:
         """A final request of a streamed run (written once every earlier one is)."""
         if r.seq != self._next_seq:

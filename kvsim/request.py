@@ -139,7 +139,7 @@ class Request:
         "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_token_s", "finish_s", "session_id", "replica",
-        "rank", "lz_sched", "lz_upd", "lz_in", "lz_off",
+        "rank", "lz_sched", "lz_upd", "lz_in",
     )
 
     def __init__(self, spec: RequestSpec, seq: int):
@@ -186,7 +186,7 @@ class Request:
         # Lazy decode (kvsim.fastforward): None, or the step from which the counters above
         # lag the scheduled steps (and lz_upd: the applied outputs); see LazyDecode.
         self.lz_sched: int | None = None
-        self.lz_upd = self.lz_in = self.lz_off = 0
+        self.lz_upd = self.lz_in = 0
 
     @property
     def num_tokens(self) -> int:

@@ -125,7 +125,7 @@ class BlockPool:
 
     def usage(self) -> float:
         """vLLM's KV usage: ``1 - free / (num_gpu_blocks - 1)``; cached free blocks count as free."""
-        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+        return self.usage_at(len(self.free_queue))
 
     def usage_at(self, num_free: int) -> float:
         """``usage()`` when ``num_free`` blocks are free."""
@@ -143,16 +143,10 @@ class BlockPool:
         """Pop ``num_blocks`` from the head, evicting any hash they carry; ref_cnt becomes 1."""
         if num_blocks > len(self.free_queue):
             raise InvariantError(f"cannot get {num_blocks} blocks, {len(self.free_queue)} free")
-        cached, extra = self.cached, self.extra_hashes
         out = self.free_queue.take(num_blocks)
         for blk in out:
-            h = blk.block_hash
-            if h is not None:
-                if cached.get(h) is blk and blk.block_id not in extra:
-                    del cached[h]  # _remove_hashes' common case, inline
-                    blk.block_hash, blk.hash_tokens = None, 0
-                else:
-                    self._remove_hashes(blk)
+            if blk.block_hash is not None:
+                self._remove_hashes(blk)
             blk.ref_cnt = 1
         return out
 
@@ -187,19 +181,14 @@ class BlockPool:
     def cache_full_blocks(self, blocks: list[Block], block_hashes: list[int],
                           num_cached_blocks: int, num_full_blocks: int, block_size: int) -> None:
         """Publish ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
-        cached, null = self.cached, self.null_block
+        null = self.null_block
         for i in range(num_cached_blocks, num_full_blocks):
             blk = blocks[i]
             if blk is null:
                 continue
             if blk.block_hash is not None:  # a partial entry promoted to a full block
                 self._remove_hashes(blk)
-            key = block_hashes[i]
-            if blk.block_hash is None and key not in cached:  # _insert_hash's common case
-                blk.block_hash, blk.hash_tokens = key, (i + 1) * block_size
-                cached[key] = blk
-            else:
-                self._insert_hash(key, blk, (i + 1) * block_size)
+            self._insert_hash(block_hashes[i], blk, (i + 1) * block_size)
 
     def cache_partial_block(self, blk: Block, key: int, num_tokens: int) -> None:
         """Make ``blk`` reachable from a prefix boundary inside it (vLLM 0.32+'s partial entry).
