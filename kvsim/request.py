@@ -90,7 +90,7 @@ class SegmentTokens:
             i += 1
         return tuple(out)
 
-    def block_contents(self, first: int, count: int, step: int, size: int) -> list:
+    def block_contents(self, first: int, count: int, step: int, size: int) -> list | range:
         """``block_content`` of the ``count`` windows ``[first + k*step, + size)``, all inside
         the prompt; a window within one run is its first id without making the tuple."""
         offsets, firsts, n = self.offsets, self.firsts, self.n
@@ -98,7 +98,7 @@ class SegmentTokens:
         i = bisect_right(offsets, first) - 1
         if first + (count - 1) * step + size <= (offsets[i + 1] if i < last else n):
             base = firsts[i] - offsets[i]  # every window within one run
-            return list(range(base + first, base + first + count * step, step))
+            return range(base + first, base + first + count * step, step)
         out = []
         for start in range(first, first + count * step, step):
             while i < last and offsets[i + 1] <= start:
@@ -203,7 +203,7 @@ class Request:
         head = self.prompt.window(start, p) if start < p else ()
         return head + (self.output_token_id,) * (end - max(start, p))
 
-    def block_contents(self, first: int, count: int, step: int, size: int) -> list:
+    def block_contents(self, first: int, count: int, step: int, size: int) -> list | range:
         """``block_content`` of the token windows ``[first + k*step, + size)``, k < ``count``."""
         end = first + (count - 1) * step + size
         p = self.num_prompt_tokens

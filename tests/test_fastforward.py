@@ -299,18 +299,10 @@ def _run_and_pool(sc, specs, check_invariants):
     with mock.patch.object(engine, "build_scheduler", build):
         rec = engine.run(sc, specs, check_invariants=check_invariants)
     kv = built[0].kv
-    key = {h: k for k, h in kv.hasher._ids.items()}  # id -> (parent id, content)
-
-    def content(h):
-        chain = []
-        while h is not None:
-            h, c = key[h]
-            chain.append(c)
-        return tuple(chain)
-
+    content = kv.hasher.contents()
     return (metrics.requests_csv(rec), metrics.steps_csv(rec), rec.stopped_by,
             list(kv.pool.free_queue),
-            {content(h): sorted(b) if isinstance(b, dict) else b.block_id
+            {content[h]: sorted(b) if isinstance(b, dict) else b.block_id
              for h, b in kv.pool.cached.items()})
 
 

@@ -10,9 +10,17 @@ With ``lookahead`` L > 0 (vLLM 0.33's lookahead block hashes for EAGLE-family dr
 key of block i also holds the L tokens after it, so the block becomes hashable only once
 ``num_tokens >= (i + 1) * block_size + L``: a block is reused only if what follows it matches
 too, which is what the drafter's KV at the block's last position depends on.
+
+Ids come in chains: the blocks of one call that follow a new key are new too (an id just made
+is nobody's parent yet), so they get consecutive ids, and only the first key is interned; the
+rest is the chain's list of contents (a ``range`` for a prompt's run of consecutive ids: a
+100k-token prompt costs a few integers, not a key per block). The child of an id inside a
+chain is the next id when its content is the chain's next; any other child is an interned key.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
 
 from kvsim.request import Request
 
@@ -20,33 +28,66 @@ from kvsim.request import Request
 class BlockHasher:
     """Interns chained block keys to ints; one per simulated engine."""
 
-    __slots__ = ("block_size", "lookahead", "_ids", "_next")
+    __slots__ = ("block_size", "lookahead", "_ids", "_starts", "_chains", "_next", "_size")
 
     def __init__(self, block_size: int, lookahead: int = 0):
         self.block_size = block_size
         self.lookahead = lookahead
-        self._ids: dict[tuple, int] = {}
+        self._ids: dict[tuple, int] = {}  # (parent id, content) -> id: the first of each chain
+        self._starts: list[int] = []  # the first ids of the chains of two or more, ascending
+        self._chains: list = []  # their contents, in order (a range or a list)
         self._next = 0
+        self._size = 0  # keys and listed contents held
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return self._size
+
+    def _chain_of(self, h: int) -> int:
+        """The index of the chain that holds id ``h`` (-1: none does)."""
+        i = bisect_right(self._starts, h) - 1
+        return i if i >= 0 and h - self._starts[i] < len(self._chains[i]) else -1
+
+    def contents(self) -> dict[int, tuple]:
+        """For checks: each id held, as the contents of its blocks from the first (what it
+        stands for, whatever order the ids were made in)."""
+        parent = {h: key for key, h in self._ids.items()}
+        for a, chain in zip(self._starts, self._chains):
+            for t in range(1, len(chain)):
+                parent[a + t] = (a + t - 1, chain[t])
+        out: dict[int, tuple] = {}
+        for h in sorted(parent):  # (a parent's id is smaller than its children's)
+            p, c = parent[h]
+            out[h] = (c,) if p is None else (*out[p], c)
+        return out
 
     def forget_all_but(self, live) -> None:
         """Drop the keys no one can compare against any more, to bound memory.
 
         ``live`` holds every id still held somewhere (published in the pool, in a live
         request's ``block_hashes``). Their keys stay, and so do their ancestors' keys (a
-        chain computed again must reach the same ids). A dropped key computed again gets a
-        fresh id; as nothing holds its old id, and nothing kept descends from it, every
-        later lookup and publication compares exactly as it would have.
+        chain computed again must reach the same ids), a chain whole. A dropped key computed
+        again gets a fresh id; as nothing holds its old id, and nothing kept descends from
+        it, every later lookup and publication compares exactly as it would have.
         """
         parent = {h: key[0] for key, h in self._ids.items()}
-        keep: set[int] = set()
+        starts, chains = self._starts, self._chains
+        keep: set[int] = set()  # ids of kept keys (a chain's: its first)
         for h in live:
-            while h is not None and h not in keep and h in parent:
+            while h is not None:
+                if h not in parent:  # inside a chain (or dropped already)
+                    i = self._chain_of(h)
+                    if i < 0:
+                        break
+                    h = starts[i]
+                if h in keep:
+                    break
                 keep.add(h)
                 h = parent[h]
         self._ids = {key: h for key, h in self._ids.items() if h in keep}
+        kept = [i for i, a in enumerate(starts) if a in keep]
+        self._starts = [starts[i] for i in kept]
+        self._chains = [chains[i] for i in kept]
+        self._size = len(self._ids) + sum(len(c) - 1 for c in self._chains if type(c) is list)
 
     def block_hashes(self, req: Request, num_blocks: int) -> list[int]:
         """Extend ``req.block_hashes`` to ``num_blocks`` full blocks (if that many exist).
@@ -55,19 +96,54 @@ class BlockHasher:
         """
         hashes = req.block_hashes
         b = self.block_size
-        la = self.lookahead
-        limit = min(num_blocks, (req.num_tokens - la) // b)
-        ids = self._ids
-        parent = hashes[-1] if hashes else None
-        first = len(hashes) * b
-        if first >= limit * b:
+        done = len(hashes)
+        limit = min(num_blocks, (req.num_tokens - self.lookahead) // b)
+        if done >= limit:
             return hashes
-        next_id = self._next
-        for content in req.block_contents(first, limit - len(hashes), b, b + la):
-            h = ids.setdefault((parent, content), next_id)
-            if h == next_id:
-                next_id += 1
+        contents = req.block_contents(done * b, limit - done, b, b + self.lookahead)
+        parent = hashes[-1] if hashes else None
+        ids = self._ids
+        k, n = 0, len(contents)
+        while k < n:
+            if parent is not None and self._starts and (i := self._chain_of(parent)) >= 0:
+                a, chain = self._starts[i], self._chains[i]
+                m = _common_prefix(chain, parent - a + 1, contents, k)
+                if m:  # down the chain
+                    hashes.extend(range(parent + 1, parent + 1 + m))
+                    parent += m
+                    k += m
+                    continue
+            h = ids.get((parent, contents[k]))
+            if h is None:
+                break
             hashes.append(h)
             parent = h
-        self._next = next_id
+            k += 1
+        else:
+            return hashes
+        # A new key: it and the rest are a new chain.
+        a = self._next
+        rest = contents[k:]
+        ids[(parent, rest[0])] = a
+        self._size += 1
+        if len(rest) > 1:
+            self._starts.append(a)
+            self._chains.append(rest)
+            if type(rest) is list:
+                self._size += len(rest) - 1
+        self._next = a + len(rest)
+        hashes.extend(range(a, a + len(rest)))
         return hashes
+
+
+def _common_prefix(chain, j: int, contents, k: int) -> int:
+    """How many of ``contents[k:]`` equal ``chain[j:]``, item by item, from the first."""
+    m = min(len(chain) - j, len(contents) - k)
+    if m <= 0:
+        return 0
+    if chain[j:j + m] == contents[k:k + m]:  # (two ranges compare in O(1))
+        return m
+    for t in range(m):
+        if chain[j + t] != contents[k + t]:
+            return t
+    return m

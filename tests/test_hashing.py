@@ -1,0 +1,112 @@
+"""Block hash ids: chains of consecutive ids against a plain key-per-block interning."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.kv.hashing import BlockHasher
+from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens, block_content
+
+
+class Reference:
+    """Every full block's key ``(parent id, content)`` interned on its own, ids in order."""
+
+    def __init__(self, block_size: int, lookahead: int):
+        self.b, self.la, self.ids = block_size, lookahead, {}
+
+    def hashes(self, req: Request, num_blocks: int) -> list[int]:
+        b, la = self.b, self.la
+        n = min(num_blocks, (req.num_tokens - la) // b)
+        out, parent = [], None
+        for i in range(n):
+            key = (parent, block_content(req.token_window(i * b, (i + 1) * b + la)))
+            parent = self.ids.setdefault(key, len(self.ids))
+            out.append(parent)
+        return out
+
+
+def _request(prompt, seq: int, outputs: int) -> Request:
+    r = Request(RequestSpec(f"r{seq}", 0.0, prompt, 1 << 20), seq)
+    r.num_output_tokens = outputs
+    return r
+
+
+@st.composite
+def workloads(draw):
+    """Prompts made of a few shared runs, given as segments or as explicit ids (the same ids
+    either way), some with outputs; each hashed in one to three calls."""
+    runs = [(draw(st.integers(0, 3)) * 1000, draw(st.integers(1, 60))) for _ in range(4)]
+    reqs = []
+    for _ in range(draw(st.integers(1, 12))):
+        segs = draw(st.lists(st.sampled_from(runs), min_size=1, max_size=3))
+        if draw(st.booleans()):  # a run cut short, so prompts diverge inside a run
+            first, length = segs[-1]
+            segs[-1] = (first, draw(st.integers(1, length)))
+        if draw(st.booleans()):
+            prompt = SegmentTokens(segs)
+        else:
+            prompt = ExplicitTokens(tuple(t for f, n in segs for t in range(f, f + n)))
+        calls = sorted(draw(st.lists(st.integers(0, 40), min_size=1, max_size=3)))
+        reqs.append((prompt, draw(st.sampled_from([0, 0, 3, 17])), calls))
+    return (draw(st.sampled_from([1, 2, 4, 16])), draw(st.sampled_from([0, 0, 1, 3])), reqs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(workloads())
+def test_chained_ids_are_the_ids_of_one_key_per_block(case):
+    block_size, lookahead, reqs = case
+    hasher, ref = BlockHasher(block_size, lookahead), Reference(block_size, lookahead)
+    for seq, (prompt, outputs, calls) in enumerate(reqs):
+        r = _request(prompt, seq, outputs)
+        for num_blocks in calls:
+            got = list(hasher.block_hashes(r, num_blocks))
+            assert got == ref.hashes(r, max(num_blocks, len(got)))
+    held = hasher.contents()
+    assert set(held) == set(ref.ids.values())
+    for (parent, content), h in ref.ids.items():
+        assert held[h] == (held[parent] if parent is not None else ()) + (content,)
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads(), st.data())
+def test_after_dropping_unused_ids_equal_blocks_still_get_equal_ids(case, data):
+    """Ids held stay (with their ancestors); any ids made afterwards are equal exactly when
+    the blocks' whole prefixes are, and never an id dropped before."""
+    block_size, lookahead, reqs = case
+    hasher = BlockHasher(block_size, lookahead)
+    first = []
+    for seq, (prompt, outputs, calls) in enumerate(reqs):
+        r = _request(prompt, seq, outputs)
+        first.append(list(hasher.block_hashes(r, calls[-1])))
+    held = data.draw(st.lists(st.integers(0, len(reqs) - 1), unique=True))
+    live = {h for i in held for h in first[i]}
+    made = hasher._next
+    hasher.forget_all_but(live)
+    kept = set(hasher.contents())
+    assert live <= kept
+    again = Reference(block_size, lookahead)
+    seen: dict[int, tuple] = {}
+    for seq, (prompt, outputs, calls) in enumerate(reqs):
+        r = _request(prompt, len(reqs) + seq, outputs)
+        r.output_token_id = -(seq + 1)  # the same outputs as the first time
+        got = hasher.block_hashes(r, calls[-1])
+        if seq in held:
+            assert got == first[seq]
+        for h, key in zip(got, again.hashes(r, calls[-1])):
+            assert seen.setdefault(h, key) == key  # one id, one prefix
+            assert h in kept or h >= made
+    assert len(set(seen.values())) == len(seen)  # one prefix, one id
+
+
+def test_a_prompt_of_one_run_costs_one_key():
+    hasher = BlockHasher(16)
+    r = _request(SegmentTokens([(0, 100_000)]), 0, 0)
+    assert hasher.block_hashes(r, 1 << 30) == list(range(6250))
+    assert len(hasher) == 1
+    # The same ids given one by one walk the chain; a prompt leaving it mid-way branches off.
+    same = _request(ExplicitTokens(tuple(range(64))), 1, 0)
+    assert hasher.block_hashes(same, 4) == [0, 1, 2, 3]
+    branch = _request(SegmentTokens([(0, 40), (7, 24)]), 2, 0)
+    assert hasher.block_hashes(branch, 4) == [0, 1, 6250, 6251]
+    assert len(hasher) == 3  # its new key, and the content listed after it
