@@ -11,6 +11,7 @@ import io
 import json
 from array import array
 from dataclasses import fields
+from operator import attrgetter
 
 import numpy as np
 
@@ -66,8 +67,8 @@ def _request_row(r) -> list:
 STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
 # Step fields are numbers, never None: the float ones written as _fmt writes them (``.9g``; an
 # int there, as a clock may start at 0, comes out the same), the ints as str() does.
-_STEP_LINE = ",".join(f"{{0.{f.name}:.9g}}" if f.type == "float" else f"{{0.{f.name}}}"
-                      for f in fields(StepRecord)) + "\n"
+_STEP_LINE = ",".join("%.9g" if f.type == "float" else "%d" for f in fields(StepRecord)) + "\n"
+_step_fields = attrgetter(*STEP_COLUMNS)
 
 
 class Results:
@@ -102,7 +103,7 @@ class Results:
     def step(self, s: StepRecord, replica: int | None = None) -> None:
         if self._replicas:
             self._steps.write(f"{replica},")
-        self._steps.write(_STEP_LINE.format(s))
+        self._steps.write(_STEP_LINE % _step_fields(s))
         self.num_steps += 1
         self.queries += s.prefix_cache_queries
         self.hits += s.prefix_cache_hits
