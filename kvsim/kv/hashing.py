@@ -97,19 +97,20 @@ class BlockHasher:
         hashes = req.block_hashes
         b = self.block_size
         done = len(hashes)
-        limit = min(num_blocks, (req.num_tokens - self.lookahead) // b)
+        limit = (req.num_prompt_tokens + req.num_output_tokens - self.lookahead) // b
+        if num_blocks < limit:
+            limit = num_blocks
         if done >= limit:
             return hashes
         contents = req.block_contents(done * b, limit - done, b, b + self.lookahead)
-        parent = hashes[-1] if hashes else None
-        ids = self._ids
+        parent = hashes[-1] if done else None
+        ids, starts, chains = self._ids, self._starts, self._chains
         k, n = 0, len(contents)
         while k < n:
-            if parent is not None and self._starts and (i := self._chain_of(parent)) >= 0:
-                a, chain = self._starts[i], self._chains[i]
-                m = _common_prefix(chain, parent - a + 1, contents, k)
-                if m:  # down the chain
-                    hashes.extend(range(parent + 1, parent + 1 + m))
+            if parent is not None and (i := bisect_right(starts, parent) - 1) >= 0:
+                j = parent + 1 - starts[i]  # parent's chained child, if it has one
+                if j < len(chains[i]) and (m := _common_prefix(chains[i], j, contents, k)):
+                    hashes.extend(range(parent + 1, parent + 1 + m))  # down the chain
                     parent += m
                     k += m
                     continue
@@ -123,15 +124,17 @@ class BlockHasher:
             return hashes
         # A new key: it and the rest are a new chain.
         a = self._next
-        rest = contents[k:]
-        ids[(parent, rest[0])] = a
+        ids[(parent, contents[k])] = a
         self._size += 1
-        if len(rest) > 1:
-            self._starts.append(a)
-            self._chains.append(rest)
-            if type(rest) is list:
-                self._size += len(rest) - 1
-        self._next = a + len(rest)
+        self._next = a + n - k
+        if n - k == 1:
+            hashes.append(a)
+            return hashes
+        rest = contents[k:]
+        starts.append(a)
+        chains.append(rest)
+        if type(rest) is list:
+            self._size += len(rest) - 1
         hashes.extend(range(a, a + len(rest)))
         return hashes
 
@@ -139,8 +142,6 @@ class BlockHasher:
 def _common_prefix(chain, j: int, contents, k: int) -> int:
     """How many of ``contents[k:]`` equal ``chain[j:]``, item by item, from the first."""
     m = min(len(chain) - j, len(contents) - k)
-    if m <= 0:
-        return 0
     if chain[j:j + m] == contents[k:k + m]:  # (two ranges compare in O(1))
         return m
     for t in range(m):

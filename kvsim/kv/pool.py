@@ -16,21 +16,21 @@ Mirrors ``vllm/v1/core/block_pool.py``:
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 
 from kvsim.errors import InvariantError
 
 
 class Block:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "hash_tokens", "ticket")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "hash_tokens", "stale")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: int | None = None
         self.hash_tokens = 0  # prefix length the primary hash covers
-        self.ticket = 0  # its entry in the free queue (0: not queued)
+        self.stale = 0  # its entries in the free queue that no longer count (FreeQueue)
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -39,66 +39,81 @@ class Block:
 class FreeQueue:
     """vLLM's free block queue (a doubly linked list there), head first.
 
-    A deque of ``(block, ticket)``: a block is queued under its latest ticket
-    (``Block.ticket``; 0 when not queued). A block taken out of the middle (a prefix hit)
-    leaves its entry behind, stale: skipped when it reaches the head, dropped when stale
-    entries outnumber live ones. Iteration gives the queued block ids, head first."""
+    A deque of blocks. A block taken out of the middle (a prefix hit) leaves its entry
+    behind, stale, and counts it (``Block.stale``); a block's stale entries are always ahead
+    of its live one (a block with stale entries is never put at the head), so an entry
+    reaching the head is stale exactly when its block still counts some. Stale entries are
+    dropped when they outnumber the live ones. Iteration gives the queued block ids, head
+    first."""
 
-    __slots__ = ("_q", "_n", "_ticket", "_slack")
+    __slots__ = ("_q", "_n", "_slack")
 
-    def __init__(self, blocks: Iterable[Block] = (), slack: int = 1024):
-        self._q: deque[tuple[Block, int]] = deque()
+    def __init__(self, blocks: list[Block] = (), slack: int = 1024):
+        self._q: deque[Block] = deque()
         self._slack = slack  # stale entries tolerated beyond as many as there are queued blocks
         self._n = 0
-        self._ticket = 0
         self.extend(blocks)
 
     def __len__(self) -> int:
         return self._n
 
     def __iter__(self):
-        return (blk.block_id for blk, t in self._q if blk.ticket == t)
+        skipped: dict[Block, int] = {}
+        for blk in self._q:
+            k = skipped.get(blk, 0)
+            if k < blk.stale:
+                skipped[blk] = k + 1
+            else:
+                yield blk.block_id
 
-    def extend(self, blocks: Iterable[Block]) -> None:
+    def entries(self) -> Counter[Block]:
+        """For checks: how many entries each block has, stale ones included."""
+        return Counter(self._q)
+
+    def extend(self, blocks: list[Block]) -> None:
         """Queue ``blocks`` at the tail, in order."""
-        q, t0 = self._q, self._ticket
-        t = t0
-        for blk in blocks:
-            t += 1
-            blk.ticket = t
-            q.append((blk, t))
-        self._n += t - t0
-        self._ticket = t
+        self._q.extend(blocks)
+        self._n += len(blocks)
 
     def extend_front(self, blocks: list[Block]) -> None:
         """Queue ``blocks`` at the head, in order (the first becomes the head)."""
-        q, t = self._q, self._ticket
-        for blk in reversed(blocks):
-            t += 1
-            blk.ticket = t
-            q.appendleft((blk, t))
+        if any(blk.stale for blk in blocks):
+            self._compact()  # (their stale entries must not trail their new ones)
+        self._q.extendleft(reversed(blocks))
         self._n += len(blocks)
-        self._ticket = t
 
     def take(self, n: int) -> list[Block]:
         """Dequeue ``n`` blocks from the head (there must be that many)."""
         popleft = self._q.popleft
-        out = []
-        for _ in range(n):
-            blk, t = popleft()
-            while blk.ticket != t:
-                blk, t = popleft()
-            blk.ticket = 0
-            out.append(blk)
+        if len(self._q) == self._n:  # no stale entries
+            out = [popleft() for _ in range(n)]
+        else:
+            out = []
+            for _ in range(n):
+                blk = popleft()
+                while blk.stale:
+                    blk.stale -= 1
+                    blk = popleft()
+                out.append(blk)
         self._n -= n
         return out
 
     def remove(self, blk: Block) -> None:
         """Dequeue a queued block wherever it is."""
-        blk.ticket = 0
+        blk.stale += 1
         self._n -= 1
         if len(self._q) > 2 * self._n + self._slack:
-            self._q = deque(e for e in self._q if e[0].ticket == e[1])
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries."""
+        live = []
+        for blk in self._q:
+            if blk.stale:
+                blk.stale -= 1
+            else:
+                live.append(blk)
+        self._q = deque(live)
 
 
 class BlockPool:
@@ -255,6 +270,7 @@ class BlockPool:
         and the blocks' hashes agree; free + used + null = total.
         """
         queued = list(self.free_queue)
+        entries = self.free_queue.entries()
         queue = set(queued)
         if len(queue) != len(queued) or len(queued) != len(self.free_queue):
             raise InvariantError("the free queue holds a block twice or miscounts")
@@ -265,8 +281,8 @@ class BlockPool:
             if blk.ref_cnt < 0:
                 raise InvariantError(f"{blk} has a negative ref count")
             in_queue = blk.block_id in queue
-            if in_queue != (blk.ticket != 0):
-                raise InvariantError(f"{blk} queued={in_queue} but ticket={blk.ticket}")
+            if entries[blk] != in_queue + blk.stale:
+                raise InvariantError(f"{blk} queued={in_queue} but counts {blk.stale} stale entries")
             if in_queue == (blk.ref_cnt > 0):
                 raise InvariantError(f"{blk} free={in_queue} but ref_cnt={blk.ref_cnt}")
             used += blk.ref_cnt > 0
