@@ -159,9 +159,15 @@ class BlockPool:
         if num_blocks > len(self.free_queue):
             raise InvariantError(f"cannot get {num_blocks} blocks, {len(self.free_queue)} free")
         out = self.free_queue.take(num_blocks)
+        cached, plain = self.cached, not self.extra_hashes
         for blk in out:
-            if blk.block_hash is not None:
-                self._remove_hashes(blk)
+            h = blk.block_hash
+            if h is not None:
+                if plain and cached.get(h) is blk:  # the common case: one key, its only block
+                    del cached[h]
+                    blk.block_hash, blk.hash_tokens = None, 0
+                else:
+                    self._remove_hashes(blk)
             blk.ref_cnt = 1
         return out
 
@@ -196,14 +202,19 @@ class BlockPool:
     def cache_full_blocks(self, blocks: list[Block], block_hashes: list[int],
                           num_cached_blocks: int, num_full_blocks: int, block_size: int) -> None:
         """Publish ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
-        null = self.null_block
+        null, cached = self.null_block, self.cached
         for i in range(num_cached_blocks, num_full_blocks):
             blk = blocks[i]
             if blk is null:
                 continue
+            key = block_hashes[i]
+            if blk.block_hash is None and key not in cached:  # the common case: a new key
+                blk.block_hash, blk.hash_tokens = key, (i + 1) * block_size
+                cached[key] = blk
+                continue
             if blk.block_hash is not None:  # a partial entry promoted to a full block
                 self._remove_hashes(blk)
-            self._insert_hash(block_hashes[i], blk, (i + 1) * block_size)
+            self._insert_hash(key, blk, (i + 1) * block_size)
 
     def cache_partial_block(self, blk: Block, key: int, num_tokens: int) -> None:
         """Make ``blk`` reachable from a prefix boundary inside it (vLLM 0.32+'s partial entry).
@@ -223,10 +234,6 @@ class BlockPool:
 
     def _insert_hash(self, key: int, blk: Block, num_tokens: int) -> None:
         entry = self.cached.get(key)
-        if entry is None and blk.block_hash is None:  # the common case: a new key, a bare block
-            blk.block_hash, blk.hash_tokens = key, num_tokens
-            self.cached[key] = blk
-            return
         if blk.block_hash == key or self._contains(key, blk):
             return
         if blk.block_hash is None:
@@ -242,10 +249,6 @@ class BlockPool:
 
     def _remove_hashes(self, blk: Block) -> None:
         """Drop every key the block is published under (eviction, or promotion)."""
-        if self.cached.get(blk.block_hash) is blk and blk.block_id not in self.extra_hashes:
-            del self.cached[blk.block_hash]  # the common case: one key, no duplicate content
-            blk.block_hash, blk.hash_tokens = None, 0
-            return
         keys = [blk.block_hash, *self.extra_hashes.pop(blk.block_id, ())]
         for h in keys:
             entry = self.cached.get(h)
