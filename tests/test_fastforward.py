@@ -299,7 +299,7 @@ def _run_and_pool(sc, specs, check_invariants):
     with mock.patch.object(engine, "build_scheduler", build):
         rec = engine.run(sc, specs, check_invariants=check_invariants)
     kv = built[0].kv
-    content = kv.hasher.contents()
+    content = kv.hasher.contents(kv.pool.cached)
     return (metrics.requests_csv(rec), metrics.steps_csv(rec), rec.stopped_by,
             list(kv.pool.free_queue),
             {content[h]: sorted(b) if isinstance(b, dict) else b.block_id

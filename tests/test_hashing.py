@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.kv.hashing import BlockHasher
+from kvsim.kv.hashing import BlockHasher, _derived_from
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens, block_content
 
 
@@ -53,19 +53,34 @@ def workloads(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(workloads())
-def test_chained_ids_are_the_ids_of_one_key_per_block(case):
+@given(workloads(), st.booleans())
+def test_ids_are_equal_exactly_when_whole_prefixes_are(case, shared_outputs):
+    """Against one interned key per block: one id per distinct prefix and one prefix per id,
+    for each request's own output tokens or for outputs all alike (a replay's default -1);
+    an interned id stands for its blocks' contents."""
     block_size, lookahead, reqs = case
     hasher, ref = BlockHasher(block_size, lookahead), Reference(block_size, lookahead)
+    to_ref, from_ref = {}, {}
     for seq, (prompt, outputs, calls) in enumerate(reqs):
         r = _request(prompt, seq, outputs)
+        if shared_outputs:
+            r.output_token_id = -1
         for num_blocks in calls:
             got = list(hasher.block_hashes(r, num_blocks))
-            assert got == ref.hashes(r, max(num_blocks, len(got)))
-    held = hasher.contents()
-    assert set(held) == set(ref.ids.values())
-    for (parent, content), h in ref.ids.items():
-        assert held[h] == (held[parent] if parent is not None else ()) + (content,)
+            want = ref.hashes(r, max(num_blocks, len(got)))
+            assert len(got) == len(want)
+            for h, w in zip(got, want):
+                assert to_ref.setdefault(h, w) == w and from_ref.setdefault(w, h) == h
+    key = {w: k for k, w in ref.ids.items()}
+
+    def prefix(w):
+        parent, content = key[w]
+        return (prefix(parent) if parent is not None else ()) + (content,)
+
+    held = hasher.contents(to_ref)
+    for h, w in to_ref.items():
+        if h >= 0:
+            assert held[h] == prefix(w)
 
 
 @settings(max_examples=200, deadline=None)
@@ -83,8 +98,8 @@ def test_after_dropping_unused_ids_equal_blocks_still_get_equal_ids(case, data):
     live = {h for i in held for h in first[i]}
     made = hasher._next
     hasher.forget_all_but(live)
-    kept = set(hasher.contents())
-    assert live <= kept
+    kept = set(hasher.contents())  # interned ids kept
+    assert live <= set(hasher.contents(live))  # and every live id's origin
     again = Reference(block_size, lookahead)
     seen: dict[int, tuple] = {}
     for seq, (prompt, outputs, calls) in enumerate(reqs):
@@ -95,7 +110,8 @@ def test_after_dropping_unused_ids_equal_blocks_still_get_equal_ids(case, data):
             assert got == first[seq]
         for h, key in zip(got, again.hashes(r, calls[-1])):
             assert seen.setdefault(h, key) == key  # one id, one prefix
-            assert h in kept or h >= made
+            root = h if h >= 0 else _derived_from(h)
+            assert root in kept or root >= made
     assert len(set(seen.values())) == len(seen)  # one prefix, one id
 
 

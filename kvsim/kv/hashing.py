@@ -16,6 +16,13 @@ is nobody's parent yet), so they get consecutive ids, and only the first key is 
 rest is the chain's list of contents (a ``range`` for a prompt's run of consecutive ids: a
 100k-token prompt costs a few integers, not a key per block). The child of an id inside a
 chain is the next id when its content is the chain's next; any other child is an interned key.
+
+Past the prompt no key is interned: a request's output tokens all carry its
+``output_token_id`` (negative; prompt ids are not), so the first block that reaches an output
+token (its id h0 interned as above) fixes the prompt, where it ends and which token follows,
+and every later block of the request is the j-th block after it. Its id is derived from
+(h0, j) (``_derived``: below -2^63, apart from interned ids and from a hybrid layout's
+negative coarse ids), with no lookup: equal exactly when the whole prefixes are.
 """
 
 from __future__ import annotations
@@ -23,6 +30,18 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from kvsim.request import Request
+
+_DERIVED = -(1 << 63)  # ids of blocks after a request's first output block: _DERIVED - (h0 << 32) - j
+_J = 32  # bits of j (blocks after the first output block; a request has far fewer than 2^32)
+
+
+def _derived(h0: int, j: int) -> int:
+    return _DERIVED - (h0 << _J) - j
+
+
+def _derived_from(h: int) -> int:
+    """h0, the interned id a derived id ``h`` descends from."""
+    return (_DERIVED - h) >> _J
 
 
 class BlockHasher:
@@ -47,9 +66,10 @@ class BlockHasher:
         i = bisect_right(self._starts, h) - 1
         return i if i >= 0 and h - self._starts[i] < len(self._chains[i]) else -1
 
-    def contents(self) -> dict[int, tuple]:
-        """For checks: each id held, as the contents of its blocks from the first (what it
-        stands for, whatever order the ids were made in)."""
+    def contents(self, derived=()) -> dict[int, tuple]:
+        """For checks: each id held, and each derived id of ``derived``, as what it stands
+        for, whatever order the ids were made in: the contents of its blocks from the first
+        (a derived id: its first output block's, then ``("+", j)``)."""
         parent = {h: key for key, h in self._ids.items()}
         for a, chain in zip(self._starts, self._chains):
             for t in range(1, len(chain)):
@@ -58,6 +78,9 @@ class BlockHasher:
         for h in sorted(parent):  # (a parent's id is smaller than its children's)
             p, c = parent[h]
             out[h] = (c,) if p is None else (*out[p], c)
+        for h in derived:
+            if h < 0:
+                out[h] = (*out[_derived_from(h)], ("+", (_DERIVED - h) & ((1 << _J) - 1)))
         return out
 
     def forget_all_but(self, live) -> None:
@@ -73,6 +96,8 @@ class BlockHasher:
         starts, chains = self._starts, self._chains
         keep: set[int] = set()  # ids of kept keys (a chain's: its first)
         for h in live:
+            if h < 0:
+                h = _derived_from(h)
             while h is not None:
                 if h not in parent:  # inside a chain (or dropped already)
                     i = self._chain_of(h)
@@ -102,6 +127,19 @@ class BlockHasher:
             limit = num_blocks
         if done >= limit:
             return hashes
+        first_out = max((req.num_prompt_tokens - self.lookahead) // b, 0)  # reaches an output
+        if done > first_out:
+            base = _derived(hashes[first_out], -first_out)
+            hashes.extend(range(base - done, base - limit, -1))
+            return hashes
+        if limit > first_out + 1:
+            self._intern(req, hashes, done, first_out + 1)
+            return self.block_hashes(req, limit)
+        return self._intern(req, hashes, done, limit)
+
+    def _intern(self, req: Request, hashes: list[int], done: int, limit: int) -> list[int]:
+        """``block_hashes`` of blocks ``done`` to ``limit`` (> done) by their keys."""
+        b = self.block_size
         contents = req.block_contents(done * b, limit - done, b, b + self.lookahead)
         parent = hashes[-1] if done else None
         ids, starts, chains = self._ids, self._starts, self._chains

@@ -216,7 +216,7 @@ class HybridKVCacheManager:
             else:
                 span = tuple(fine[j * s:(j + 1) * s])
                 h = self._coarse.get(span)
-                if h is None:  # coarse ids are negative: never equal to a fine id
+                if h is None:  # coarse ids are in (-2^63, 0): never a fine id (hashing.py)
                     h = self._coarse[span] = -1 - len(self._coarse)
             keys.append(h * num_groups + g.gid)
         return keys

@@ -80,6 +80,8 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
                                 prompt=prompt_of(s), max_tokens=int(s["max_tokens"]),
                                 priority=int(s.get("priority", 0)), accepted=accepted), i)
         r.output_token_id = int(s.get("output_token_id", -1))
+        if r.output_token_id >= 0:  # (kvsim's block hashes tell outputs from prompts by sign)
+            raise ValueError(f"request {s['req_id']}: output_token_id must be negative")
         reqs.append(r)
     join = [int(s.get("join_step", 0)) for s in specs]
     pending = list(range(len(reqs)))
