@@ -127,10 +127,15 @@ class BlockHasher:
             limit = num_blocks
         if done >= limit:
             return hashes
-        first_out = max((req.num_prompt_tokens - self.lookahead) // b, 0)  # reaches an output
+        first_out = (req.num_prompt_tokens - self.lookahead) // b  # reaches an output
+        if first_out < 0:
+            first_out = 0
         if done > first_out:
             base = _derived(hashes[first_out], -first_out)
-            hashes.extend(range(base - done, base - limit, -1))
+            if limit - done == 1:  # (a range of ints this large is slow to make)
+                hashes.append(base - done)
+            else:
+                hashes.extend([base - i for i in range(done, limit)])
             return hashes
         if limit > first_out + 1:
             self._intern(req, hashes, done, first_out + 1)
