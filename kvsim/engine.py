@@ -29,7 +29,7 @@ from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.specdec import Acceptance, AcceptanceTally
 
 _MAX_WINDOW = 1 << 30  # steps of one decode window when no run limit caps it
-_TRIM_HASHES = 1 << 21  # interned block hashes kept before unused ones are dropped
+_TRIM_HASHES = 1 << 21  # len(BlockHasher) (keys, chains) reached before unused ones are dropped
 
 
 @dataclass(slots=True)

@@ -56,9 +56,10 @@ class BlockHasher:
         self._starts: list[int] = []  # the first ids of the chains of two or more, ascending
         self._chains: list = []  # their contents, in order (a range or a list)
         self._next = 0
-        self._size = 0  # keys and listed contents held
+        self._size = 0  # what memory grows with: keys and their tuples' items, chains, listed contents
 
     def __len__(self) -> int:
+        """What the hasher's memory grows with (the engine drops unused keys past a bound)."""
         return self._size
 
     def _chain_of(self, h: int) -> int:
@@ -112,7 +113,7 @@ class BlockHasher:
         kept = [i for i, a in enumerate(starts) if a in keep]
         self._starts = [starts[i] for i in kept]
         self._chains = [chains[i] for i in kept]
-        self._size = len(self._ids) + sum(len(c) - 1 for c in self._chains if type(c) is list)
+        self._size = sum(_cost(key[1]) for key in self._ids) + sum(map(_cost, self._chains))
 
     def block_hashes(self, req: Request, num_blocks: int) -> list[int]:
         """Extend ``req.block_hashes`` to ``num_blocks`` full blocks (if that many exist).
@@ -168,7 +169,7 @@ class BlockHasher:
         # A new key: it and the rest are a new chain.
         a = self._next
         ids[(parent, contents[k])] = a
-        self._size += 1
+        self._size += _cost(contents[k])
         self._next = a + n - k
         if n - k == 1:
             hashes.append(a)
@@ -176,10 +177,15 @@ class BlockHasher:
         rest = contents[k:]
         starts.append(a)
         chains.append(rest)
-        if type(rest) is list:
-            self._size += len(rest) - 1
+        self._size += _cost(rest)
         hashes.extend(range(a, a + len(rest)))
         return hashes
+
+
+def _cost(held) -> int:
+    """What a key's content or a chain's contents adds to ``len(BlockHasher)``: one, and one
+    per item of a tuple or list (a range is one object whatever its length)."""
+    return 1 + len(held) if type(held) in (tuple, list) else 1
 
 
 def _common_prefix(chain, j: int, contents, k: int) -> int:
