@@ -17,7 +17,7 @@ Mirrors ``vllm/v1/core/block_pool.py``:
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvsim.errors import InvariantError
 
@@ -48,7 +48,7 @@ class FreeQueue:
 
     __slots__ = ("_q", "_n", "_slack")
 
-    def __init__(self, blocks: list[Block] = (), slack: int = 1024):
+    def __init__(self, blocks: Sequence[Block] = (), slack: int = 1024):
         self._q: deque[Block] = deque()
         self._slack = slack  # stale entries tolerated beyond as many as there are queued blocks
         self._n = 0
@@ -70,7 +70,7 @@ class FreeQueue:
         """For checks: how many entries each block has, stale ones included."""
         return Counter(self._q)
 
-    def extend(self, blocks: list[Block]) -> None:
+    def extend(self, blocks: Sequence[Block]) -> None:
         """Queue ``blocks`` at the tail, in order."""
         self._q.extend(blocks)
         self._n += len(blocks)
