@@ -66,7 +66,7 @@ def _request_row(r) -> list:
 
 STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
 # Step fields are numbers, never None: the float ones written as _fmt writes them (``.9g``; an
-# int there, as a clock may start at 0, comes out the same), the ints as str() does.
+# int there, as a clock may start at 0, comes out the same), the ints as str() does (%d).
 _STEP_LINE = ",".join("%.9g" if f.type == "float" else "%d" for f in fields(StepRecord)) + "\n"
 _step_fields = attrgetter(*STEP_COLUMNS)
 

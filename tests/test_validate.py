@@ -36,6 +36,14 @@ def test_driver_scenario_reproduces_the_kvsim_run():
     assert any(len(r["accepted"]) > 1 for r in scen["requests"])
 
 
+def test_a_replay_refuses_output_tokens_that_could_be_prompt_tokens():
+    # kvsim's block hashes tell a request's outputs from its prompt by sign (prompt ids >= 0).
+    scen = driver_scenario(parse_scenario(RAW))
+    scen["requests"][3]["output_token_id"] = 7
+    with pytest.raises(ValueError, match="output_token_id must be negative"):
+        drive(scen, "0.33.0")
+
+
 def test_agreement_counts_each_field():
     scen = driver_scenario(parse_scenario(RAW))
     a = drive(scen, "0.33.0")

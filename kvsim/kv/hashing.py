@@ -39,9 +39,9 @@ def _derived(h0: int, j: int) -> int:
     return _DERIVED - (h0 << _J) - j
 
 
-def _derived_from(h: int) -> int:
-    """h0, the interned id a derived id ``h`` descends from."""
-    return (_DERIVED - h) >> _J
+def _derived_from(h: int) -> tuple[int, int]:
+    """(h0, j) of a derived id ``h``."""
+    return divmod(_DERIVED - h, 1 << _J)
 
 
 class BlockHasher:
@@ -81,7 +81,8 @@ class BlockHasher:
             out[h] = (c,) if p is None else (*out[p], c)
         for h in derived:
             if h < 0:
-                out[h] = (*out[_derived_from(h)], ("+", (_DERIVED - h) & ((1 << _J) - 1)))
+                h0, j = _derived_from(h)
+                out[h] = (*out[h0], ("+", j))
         return out
 
     def forget_all_but(self, live) -> None:
@@ -98,7 +99,7 @@ class BlockHasher:
         keep: set[int] = set()  # ids of kept keys (a chain's: its first)
         for h in live:
             if h < 0:
-                h = _derived_from(h)
+                h = _derived_from(h)[0]
             while h is not None:
                 if h not in parent:  # inside a chain (or dropped already)
                     i = self._chain_of(h)
@@ -123,35 +124,25 @@ class BlockHasher:
         hashes = req.block_hashes
         b = self.block_size
         done = len(hashes)
-        limit = (req.num_prompt_tokens + req.num_output_tokens - self.lookahead) // b
-        if num_blocks < limit:
-            limit = num_blocks
-        if done >= limit:
-            return hashes
-        first_out = (req.num_prompt_tokens - self.lookahead) // b  # reaches an output
-        if first_out < 0:
-            first_out = 0
-        if done > first_out:
-            base = _derived(hashes[first_out], -first_out)
-            if limit - done == 1:  # (a range of ints this large is slow to make)
-                hashes.append(base - done)
-            else:
-                hashes.extend([base - i for i in range(done, limit)])
-            return hashes
-        if limit > first_out + 1:
-            self._intern(req, hashes, done, first_out + 1)
-            return self.block_hashes(req, limit)
-        return self._intern(req, hashes, done, limit)
+        limit = min(num_blocks, (req.num_tokens - self.lookahead) // b)
+        first_out = max((req.num_prompt_tokens - self.lookahead) // b, 0)  # reaches an output
+        if done < limit and done <= first_out:
+            self._intern(req, hashes, done, min(limit, first_out + 1))
+            done = len(hashes)
+        if done < limit:  # (a list, not a range: ints past 2^63 make a slow range)
+            base = _derived(hashes[first_out], 0)
+            hashes.extend([base - j for j in range(done - first_out, limit - first_out)])
+        return hashes
 
-    def _intern(self, req: Request, hashes: list[int], done: int, limit: int) -> list[int]:
-        """``block_hashes`` of blocks ``done`` to ``limit`` (> done) by their keys."""
+    def _intern(self, req: Request, hashes: list[int], done: int, limit: int) -> None:
+        """Append the ids of blocks ``done`` to ``limit`` (> done), found by their keys."""
         b = self.block_size
         contents = req.block_contents(done * b, limit - done, b, b + self.lookahead)
         parent = hashes[-1] if done else None
         ids, starts, chains = self._ids, self._starts, self._chains
         k, n = 0, len(contents)
         while k < n:
-            if parent is not None and (i := bisect_right(starts, parent) - 1) >= 0:
+            if parent is not None and (i := self._chain_of(parent)) >= 0:
                 j = parent + 1 - starts[i]  # parent's chained child, if it has one
                 if j < len(chains[i]) and (m := _common_prefix(chains[i], j, contents, k)):
                     hashes.extend(range(parent + 1, parent + 1 + m))  # down the chain
@@ -165,21 +156,18 @@ class BlockHasher:
             parent = h
             k += 1
         else:
-            return hashes
-        # A new key: it and the rest are a new chain.
+            return
+        # A new key: it and the rest are new, consecutive ids.
         a = self._next
         ids[(parent, contents[k])] = a
         self._size += _cost(contents[k])
         self._next = a + n - k
-        if n - k == 1:
-            hashes.append(a)
-            return hashes
-        rest = contents[k:]
-        starts.append(a)
-        chains.append(rest)
-        self._size += _cost(rest)
-        hashes.extend(range(a, a + len(rest)))
-        return hashes
+        hashes.extend(range(a, self._next))
+        if n - k > 1:  # a chain (one id alone has no chained child)
+            rest = contents[k:]
+            starts.append(a)
+            chains.append(rest)
+            self._size += _cost(rest)
 
 
 def _cost(held) -> int:

@@ -207,14 +207,14 @@ class BlockPool:
             blk = blocks[i]
             if blk is null:
                 continue
-            key = block_hashes[i]
-            if blk.block_hash is None and key not in cached:  # the common case: a new key
-                blk.block_hash, blk.hash_tokens = key, (i + 1) * block_size
-                cached[key] = blk
-                continue
             if blk.block_hash is not None:  # a partial entry promoted to a full block
                 self._remove_hashes(blk)
-            self._insert_hash(key, blk, (i + 1) * block_size)
+            key = block_hashes[i]
+            if key not in cached:  # the common case: a new key on a bare block
+                blk.block_hash, blk.hash_tokens = key, (i + 1) * block_size
+                cached[key] = blk
+            else:
+                self._insert_hash(key, blk, (i + 1) * block_size)
 
     def cache_partial_block(self, blk: Block, key: int, num_tokens: int) -> None:
         """Make ``blk`` reachable from a prefix boundary inside it (vLLM 0.32+'s partial entry).
