@@ -20,10 +20,12 @@ from kvsim.specdec import derive_spec
 def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: SpecCfg, *,
                        num_gpu_blocks: int, block_size: int, enable_caching: bool,
                        kv_groups: list[GroupSpec] | None = None,
+                       retention_interval: int | None = None,
                        num_nextn_predict_layers: int = 1) -> Scheduler:
     """A fresh scheduler over its own pool; ``params.spec`` is derived here from ``spec``.
 
-    With ``kv_groups``, each group's block size applies and ``block_size`` does not.
+    With ``kv_groups``, each group's block size applies and ``block_size`` does not;
+    ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` (None: dense).
     """
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
     setup = derive_spec(spec, sem, enable_caching, scheduler_block_size, num_nextn_predict_layers)
@@ -37,7 +39,8 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: SpecCfg, *
                                   hash_lookahead=setup.hash_lookahead,
                                   num_reprefillable=setup.num_reprefillable,
                                   max_in_flight_tokens=in_flight, rules=sem.hybrid,
-                                  num_speculative_blocks=spec.num_speculative_tokens)
+                                  num_speculative_blocks=spec.num_speculative_tokens,
+                                  retention_interval=retention_interval)
     else:
         kv = KVCacheManager(pool, block_size, params.max_model_len, enable_caching,
                             eagle_drop=setup.eagle_drop, hash_lookahead=setup.hash_lookahead,

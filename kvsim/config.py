@@ -49,6 +49,7 @@ class Key:
 
 
 REQUIRED = object()
+RETENTION = 'int or "dense"'  # the type of prefix_cache_retention_interval
 
 MODEL_KEYS = (
     Key("preset", "str", None,
@@ -132,6 +133,13 @@ ENGINE_KEYS = (
         "refused before 0.33, as vLLM does).", derived=True),
     Key("kv_groups", "groups", None, "Hybrid layout: a list of `[[engine.kv_groups]]` tables (keys "
         "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool."),
+    Key("prefix_cache_retention_interval", RETENTION, None, "Which sliding-window and Mamba "
+        "checkpoints the prefix cache keeps (`--prefix-cache-retention-interval`, vLLM 0.32+): `0` "
+        "only a prompt's replay boundary and the shared-prefix junctions lookups find; a positive "
+        "multiple of the scheduler block size (the lcm of the group block sizes) also one per "
+        "that many tokens; `\"dense\"` (vLLM's `None`) one at every scheduler block. Default: the "
+        "release's (`0` for 0.32 and 0.33; `\"dense\"` before 0.32, which has no such setting).",
+        derived=True),
 )
 
 GROUP_KEYS = (
@@ -353,6 +361,13 @@ class EngineCfg:
     scheduler_reserve_full_isl: bool
     async_scheduling: bool
     kv_groups: tuple[GroupSpec, ...] | None = None
+    prefix_cache_retention_interval: int | str = 0  # an interval >= 0 or "dense"
+
+    @property
+    def retention_interval(self) -> int | None:
+        """The setting as vLLM's KVCacheConfig holds it (None: dense)."""
+        v = self.prefix_cache_retention_interval
+        return None if v == "dense" else int(v)
 
     @property
     def semantics(self) -> Semantics:
@@ -552,6 +567,12 @@ def _check_value(where: str, key: Key, value: Any) -> Any:
                or math.isnan(x) for x in value):
             raise ConfigError(where, f"entries must lie in [{key.low:g}, {key.high:g}], got {value!r}")
         return tuple(value)
+    if t == RETENTION:
+        if value == "dense":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(where, f'must be an integer >= 0 or "dense", got {value!r}')
+        return value
     if t == "bool":
         if not isinstance(value, bool):
             raise ConfigError(where, f"must be true or false, got {value!r}")
@@ -754,7 +775,33 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                           f"{usable} usable (num_gpu_blocks {e['num_gpu_blocks']} minus the null "
                           "block); vLLM refuses to start: lower max_model_len or enlarge the pool")
     e["num_gpu_blocks_derived"] = derived
+    e["prefix_cache_retention_interval"] = check_retention_interval(
+        f"{where}.prefix_cache_retention_interval", e["prefix_cache_retention_interval"], sem,
+        groups, e["block_size"])
     return _build(EngineCfg, e)
+
+
+def check_retention_interval(where: str, value: int | str | None, sem: Semantics,
+                             groups, block_size: int) -> int | str:
+    """The release's default when ``value`` is None, else ``value`` if vLLM accepts it
+    (kv_cache_coordinator.py _validate_prefix_cache_retention_interval, 0.32+)."""
+    if value is None:
+        d = sem.default_prefix_cache_retention_interval
+        return "dense" if d is None else d
+    if value == "dense":
+        return value
+    if not sem.has_prefix_cache_retention_interval:
+        raise ConfigError(where, f"vLLM {sem.version} has no such setting (its checkpoints are "
+                          "dense); leave it out or set it to \"dense\"")
+    if value > 0:
+        if not any(g.kind in ("sliding_window", "mamba") for g in groups or ()):
+            raise ConfigError(where, f"{value} has no effect without a sliding_window or mamba "
+                              "group in engine.kv_groups (vLLM refuses it); set it to 0")
+        unit = math.lcm(*(g.block_size for g in groups))
+        if value % unit:
+            raise ConfigError(where, f"{value} must be a multiple of the scheduler block size "
+                              f"({unit}, the lcm of the group block sizes)")
+    return value
 
 
 def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:

@@ -85,6 +85,7 @@ def build_scheduler(sc: Scenario) -> Scheduler:
     return assemble_scheduler(e.semantics, params, sc.speculative, num_gpu_blocks=e.num_gpu_blocks,
                               block_size=e.block_size, enable_caching=e.enable_prefix_caching,
                               kv_groups=list(e.kv_groups or ()),
+                              retention_interval=e.retention_interval,
                               num_nextn_predict_layers=sc.model.num_nextn_predict_layers)
 
 

@@ -99,6 +99,13 @@ class Semantics:
     # batch as still running, the GPU-busy order); 0.32+ also when nothing executed but the
     # scheduler has requests (0.32 :753-758).
     batch_queue_fill_requires_execution: bool
+    # CacheConfig.prefix_cache_retention_interval (0.32+, vllm/config/cache.py; the planner
+    # copies it into KVCacheConfig, v1/core/kv_cache_utils.py get_kv_cache_config_from_groups,
+    # 0.33: v1/core/kv_cache_planning.py): which sliding-window and Mamba checkpoints are
+    # published. The release's default (0: replay boundaries and shared-prefix junctions only);
+    # None: dense, every U boundary (0.19/0.22, which have no such setting).
+    has_prefix_cache_retention_interval: bool
+    default_prefix_cache_retention_interval: int | None
 
 
 _V033 = Semantics(
@@ -127,9 +134,11 @@ _V033 = Semantics(
     has_num_in_flight_tokens=True,
     has_max_in_flight_tokens=True,
     batch_queue_fill_requires_execution=False,
+    has_prefix_cache_retention_interval=True,
+    default_prefix_cache_retention_interval=0,
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
-                hybrid=replace(_V033.hybrid, mamba_tail_rekey="always"),
+                hybrid=replace(_V033.hybrid, mamba_tail_rekey="always", junction_eagle_tail=False),
                 has_disable_lookahead_block_hashes=False, priority_self_preempt_continues=False,
                 cache_after_verify=False, skip_zero_chunk_admission=False,
                 async_default_off_methods=("ngram",), async_publish_after_placeholders=True,
@@ -147,7 +156,9 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 priority_victim_before_index_reindexes=False,
                 has_prefill_lookahead=False, async_default_off_methods=("ngram", "draft_model"),
                 has_num_in_flight_tokens=False, has_max_in_flight_tokens=False,
-                batch_queue_fill_requires_execution=True)
+                batch_queue_fill_requires_execution=True,
+                has_prefix_cache_retention_interval=False,
+                default_prefix_cache_retention_interval=None)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,

@@ -6,6 +6,7 @@ import pytest
 from kvsim.config import parse_scenario
 from kvsim.engine import build_scheduler
 from kvsim.errors import ConfigError
+from kvsim.oracle.replay import drive
 from kvsim.request import Request, RequestSpec, SegmentTokens
 from tests.builders import run_until_done
 
@@ -18,12 +19,17 @@ DSV4_GROUPS = [
 ]
 
 
-def repeat_hit(L, groups, spec, version="0.33.0", num_gpu_blocks=4000):
+def repeat_hit(L, groups, spec, version="0.33.0", num_gpu_blocks=4000, retention="dense"):
+    """B's hit repeating A's L-token prompt. The reference's tables were measured on
+    Schedulers built with a hand-made KVCacheConfig, whose retention is dense; so is this
+    helper's default (``retention=None``: the release's own default)."""
     mml = 65536 if L > 4000 else 4096
+    engine = {"vllm_version": version, "num_gpu_blocks": num_gpu_blocks, "max_model_len": mml,
+              "max_num_batched_tokens": 65536, "max_num_seqs": 8, "kv_groups": groups}
+    if retention is not None:
+        engine["prefix_cache_retention_interval"] = retention
     raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
-           "engine": {"vllm_version": version, "num_gpu_blocks": num_gpu_blocks, "max_model_len": mml,
-                      "max_num_batched_tokens": 65536, "max_num_seqs": 8, "kv_groups": groups},
-           "speculative": spec}
+           "engine": engine, "speculative": spec}
     s = build_scheduler(parse_scenario(raw))
     for i in range(2):  # A, then B repeating it after A finished
         r = Request(RequestSpec(f"r{i}", 0.0, SegmentTokens([(1, L)]), 1), i)
@@ -33,6 +39,8 @@ def repeat_hit(L, groups, spec, version="0.33.0", num_gpu_blocks=4000):
 
 
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
+H1_GROUPS = [{"kind": "full_attention", "block_size": 16, "eagle": True},
+             {"kind": "sliding_window", "block_size": 32, "sliding_window": 64}]
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -73,8 +81,7 @@ def test_h2_eagle_look_ahead_is_bounded_by_the_hashes_in_033(L, expected):
 def test_h1_eagle_fixed_write_rule(L, no_spec, eagle_fixed):
     # §3.2 example H1 (executed): G0 full b = 16 EAGLE, G1 SWA b = 32 w = 64, U = 32.
     # Columns "no spec" and "EAGLE + fix" (0.33 in drop mode caches the extra EAGLE block).
-    groups = [{"kind": "full_attention", "block_size": 16, "eagle": True},
-              {"kind": "sliding_window", "block_size": 32, "sliding_window": 64}]
+    groups = H1_GROUPS
     drop = {"method": "eagle", "num_speculative_tokens": 1, "disable_lookahead_block_hashes": True}
     assert repeat_hit(L, groups, {"method": "none"}) == no_spec
     assert repeat_hit(L, groups, drop) == eagle_fixed
@@ -111,6 +118,120 @@ def test_all_groups_flagged_collapses_to_zero_on_0221():
     # §13: 0.22.1 MTP with no group flagged (all flagged) -> 0.
     groups = [{k: v for k, v in g.items() if k != "eagle"} for g in DSV4_GROUPS]
     assert repeat_hit(46240, groups, MTP, "0.22.1") == 0
+
+
+# -- Checkpoint retention (prefix_cache_retention_interval, 0.32+) ---------------------------
+# Rule (0.32/0.33 kv_cache_coordinator.py replay_boundaries, single_type_kv_cache_manager.py
+# reachable_block_mask): with the default 0 a sliding-window group publishes the tail a hit
+# needs only at the prompt's replay boundaries, L - 1 rounded down to U, or under the EAGLE drop
+# {rd(L - 1, U) - U, rd(L, U) - U}, and at a shared-prefix junction a lookup found.
+
+
+@pytest.mark.parametrize("version, spec, expected", [
+    # Lookahead hashes (0.33's MTP default) and no spec: the boundary is rd(L - 1, U), where the
+    # repeat's hit ends anyway, so nothing changes: §13's 32768/32768/32768/16384.
+    ("0.33.0", MTP, [32768, 32768, 32768, 16384]),
+    ("0.33.0", {"method": "none"}, [32768, 32768, 32768, 16384]),
+    # The drop (0.32's MTP default, 0.33 with the opt-out): A's window block is kept only at
+    # rd(L, U) - U = 16384 (46240, 40000, 32769) or 0 (20000). B's full-attention groups reach
+    # 32768 (46240, 40000), the window group has no block ending there and falls back to 16384;
+    # at 20000 full attention gives 16384 and the window group nothing at all: 0.
+    ("0.33.0", {**MTP, "disable_lookahead_block_hashes": True}, [16384, 16384, 16384, 0]),
+    ("0.32.0", MTP, [16384, 16384, 16384, 0]),
+])
+def test_dsv4_layout_default_retention(version, spec, expected):
+    got = [repeat_hit(L, DSV4_GROUPS, spec, version, retention=None) for L in (46240, 40000, 32769, 20000)]
+    assert got == expected
+
+
+@pytest.mark.parametrize("L, eagle_drop", [(200, 160), (210, 160), (224, 192), (225, 192), (257, 224)])
+def test_h1_default_retention(L, eagle_drop):
+    # H1 (G0 full b = 16 EAGLE, G1 SWA b = 32 w = 64, U = 32; the window needs 2 blocks) with
+    # the default retention: under the drop A keeps its window tail ending at
+    # max(rd(L - 1, 32) - 32, rd(L, 32) - 32): 160 for L = 200/210, 192 for 224/225, 224 for 257.
+    # At 210 full attention alone gives 192 (the fixed write rule), the window group only 160.
+    drop = {"method": "eagle", "num_speculative_tokens": 1, "disable_lookahead_block_hashes": True}
+    assert repeat_hit(L, H1_GROUPS, drop, retention=None) == eagle_drop
+
+
+def _swa_example(retention):
+    # Issue #17's example: layout [sliding_window 16 w 64, full 16, full 128], U = 128, the window
+    # needs cdiv(63, 16) = 4 blocks. A (1,315 tokens) keeps its window tail only at its replay
+    # boundary rd(1314, 128) = 1280. B shares 1,137 tokens with A: full attention allows
+    # rd(1137, 128) = 1024, the window group has nothing there: 0, and B's lookup records the
+    # junction 1024, so B keeps a tail there too (and at its own boundary rd(1436, 128) = 1408).
+    # C shares 1,152 with B: full attention allows 1152, B's window tails end at 1024 and 1408:
+    # 1024. Dense (a tail at every 128): B 1024, C 1152. Interval 256: A also keeps 1024
+    # (a multiple of 256), C 1024 (1152 is not).
+    A = list(range(1, 1316))
+    B = A[:1137] + list(range(5000, 5300))
+    C = B[:1152] + list(range(9000, 9060))
+    engine = {"block_size": 16, "num_gpu_blocks": 2000, "max_num_batched_tokens": 4096,
+              "max_num_seqs": 8, "max_model_len": 4096,
+              "kv_groups": [{"kind": "sliding_window", "block_size": 16, "sliding_window": 64},
+                            {"kind": "full_attention", "block_size": 16},
+                            {"kind": "full_attention", "block_size": 128}]}
+    if retention is not None:
+        engine["prefix_cache_retention_interval"] = retention
+    reqs = [{"req_id": n, "prompt_token_ids": p, "max_tokens": 2, "join_step": 10 * i,
+             "output_token_id": -(i + 1)} for i, (n, p) in enumerate([("A", A), ("B", B), ("C", C)])]
+    res = drive({"engine": engine, "requests": reqs}, "0.33.0")
+    return [res["requests"][n]["cached_tokens"] for n in "ABC"]
+
+
+@pytest.mark.parametrize("retention, expected", [
+    (None, [0, 0, 1024]), (0, [0, 0, 1024]), ("dense", [0, 1024, 1152]), (256, [0, 1024, 1024])])
+def test_sliding_window_retention(retention, expected):
+    assert _swa_example(retention) == expected
+
+
+@pytest.mark.parametrize("version, retention, expected", [
+    ("0.33.0", None, [0, 0, 256]), ("0.33.0", "dense", [0, 256, 256]), ("0.33.0", 256, [0, 256, 256]),
+    ("0.32.0", None, [0, 0, 256]), ("0.22.1", None, [0, 256, 256])])
+def test_mamba_retention(version, retention, expected):
+    # Issue #17's Mamba example: block 128, full attention + Mamba, budget 128. A (400 tokens)
+    # is prefilled in chunks ending at 128, 256, 384 (+16): states at 128, 256, 384. With the
+    # default retention only the replay boundary rd(399, 128) = 384 is kept. C = A[:300] + 150
+    # new: full attention allows 256, Mamba has no state there: 0, junction 256, so C's prefill
+    # stops at 256 and keeps that state. D = A[:300] + 100: 256. Dense (and 0.22, which has no
+    # retention; interval 256 keeps 256 too): C 256.
+    A = list(range(1, 401))
+    C = A[:300] + list(range(5000, 5150))
+    D = A[:300] + list(range(9000, 9100))
+    engine = {"block_size": 128, "num_gpu_blocks": 64, "max_num_batched_tokens": 128,
+              "max_num_seqs": 8, "max_model_len": 1024,
+              "kv_groups": [{"kind": "full_attention", "block_size": 128},
+                            {"kind": "mamba", "block_size": 128}]}
+    if retention is not None:
+        engine["prefix_cache_retention_interval"] = retention
+    reqs = [{"req_id": n, "prompt_token_ids": p, "max_tokens": 2, "join_step": 10 * i,
+             "output_token_id": -(i + 1)} for i, (n, p) in enumerate([("A", A), ("C", C), ("D", D)])]
+    res = drive({"engine": engine, "requests": reqs}, version)
+    assert [res["requests"][n]["cached_tokens"] for n in "ACD"] == expected
+
+
+@pytest.mark.parametrize("engine, what", [
+    ({"prefix_cache_retention_interval": 64}, "no effect without a sliding_window or mamba"),
+    ({"prefix_cache_retention_interval": 100, "kv_groups": H1_GROUPS}, "multiple of the scheduler"),
+    ({"prefix_cache_retention_interval": -1}, 'integer >= 0 or "dense"'),
+    ({"prefix_cache_retention_interval": "sparse"}, 'integer >= 0 or "dense"'),
+    ({"prefix_cache_retention_interval": 0, "vllm_version": "0.22.1"}, "has no such setting"),
+])
+def test_bad_retention_is_a_one_line_error(engine, what):
+    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+           "engine": {"num_gpu_blocks": 10000, "max_model_len": 4096, **engine}}
+    with pytest.raises(ConfigError) as exc:
+        parse_scenario(raw)
+    assert exc.value.where.endswith("engine.prefix_cache_retention_interval")
+    assert what in exc.value.what
+
+
+def test_retention_default_per_release():
+    def resolved(version):
+        raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+               "engine": {"vllm_version": version, "num_gpu_blocks": 10000, "max_model_len": 4096}}
+        return parse_scenario(raw).engine.prefix_cache_retention_interval
+    assert [resolved(v) for v in ("0.19.0", "0.22.1", "0.32.0", "0.33.0")] == ["dense", "dense", 0, 0]
 
 
 @pytest.mark.parametrize("version, expected", [("0.22.1", 64), ("0.32.0", 80)])

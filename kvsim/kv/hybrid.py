@@ -14,6 +14,11 @@ Mirrors vLLM's ``HybridKVCacheCoordinator`` and its per-type managers:
 * EAGLE groups (drop mode) look one block further, then drop it; writes are rounded down to
   ``U`` (plus, where the release caches it, the one block past ``U`` an EAGLE group needs);
   a sliding-window group only publishes the blocks a future aligned hit can use;
+* checkpoint retention (vLLM 0.32+'s ``prefix_cache_retention_interval``): sliding-window and
+  Mamba groups publish the tail a hit needs only at a prompt's replay boundaries and at a
+  shared-prefix junction a lookup found (``0``, the default), also once per interval (a
+  positive multiple of ``U``), or at every ``U`` boundary (``None``: dense, the only rule
+  before 0.32);
 * a Mamba group keeps one state block per request (plus ``num_speculative_blocks``) and, in
   "align" mode (prefix caching on), checkpoints the state at block-aligned chunk ends: a hit
   is the last cached checkpoint, null-padded before it; older states are freed as the request
@@ -34,6 +39,18 @@ from kvsim.request import Request
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def replay_boundaries(num_prompt_tokens: int, block_size: int, eagle_drop: bool) -> tuple[int, ...]:
+    """vLLM's replay_boundaries (0.32+ kv_cache_coordinator.py): where a later request
+    replaying a prompt can resume. A resend of the whole prompt is capped at ``L - 1``; under
+    the EAGLE drop a hit ends a block earlier, at the resend's or at a longer sibling's last
+    aligned block."""
+    if not eagle_drop:
+        return (num_prompt_tokens - 1,)
+    resend = (num_prompt_tokens - 1) // block_size * block_size
+    extension = num_prompt_tokens // block_size * block_size
+    return tuple(sorted({max(resend - block_size, 0), max(extension - block_size, 0)}))
 
 
 def mamba_checkpoint_position(num_tokens: int, block_size: int, eagle_drop: bool,
@@ -112,6 +129,10 @@ class HybridRules:
     mamba_tail_rekey: str = "unless_keyed"
     mamba_retire: bool = True
     mamba_eagle_margin: bool = False
+    # Under sparse retention an EAGLE (drop) group also keeps the tail ending one of its
+    # blocks before a shared-prefix junction (0.33: a sibling diverging right after the
+    # junction has no peek block there); 0.32 keeps only the junction's.
+    junction_eagle_tail: bool = True
 
 
 class _Group:
@@ -150,7 +171,7 @@ class HybridKVCacheManager:
                  enable_caching: bool, eagle_family: bool = False, eagle_drop: bool = False,
                  hash_lookahead: int = 0, num_reprefillable: int = 0,
                  max_in_flight_tokens: int = 0, rules: HybridRules = HybridRules(),
-                 num_speculative_blocks: int = 0):
+                 num_speculative_blocks: int = 0, retention_interval: int | None = None):
         self.pool = pool
         self.groups = [_Group(i, g) for i, g in enumerate(groups)]
         sizes = [g.block_size for g in groups]
@@ -161,6 +182,9 @@ class HybridKVCacheManager:
         self.num_reprefillable = num_reprefillable
         self.max_in_flight_tokens = max_in_flight_tokens
         self.rules = rules
+        # prefix_cache_retention_interval: None = dense, 0 = semantic checkpoints only, > 0 =
+        # also one per that many tokens (a multiple of U; checked by the configuration).
+        self.retention_interval = retention_interval
         self.hasher = BlockHasher(self.hash_block_size, hash_lookahead)
         self._coarse: dict[tuple, int] = {}
         self.eagle_drop = eagle_drop
@@ -174,6 +198,7 @@ class HybridKVCacheManager:
         if eagle_family and (not flagged or not rules.per_group_eagle_flags):
             flagged = set(range(len(groups)))
         drop_groups = flagged if eagle_drop else set()
+        self.replay_eagle_drop = bool(drop_groups)  # replay boundaries a block lower
         # Attention groups: groups with equal specs are looked up together.
         attn: list[list] = []  # [spec key, gids, use_eagle]
         for g in self.groups:
@@ -546,19 +571,57 @@ class HybridKVCacheManager:
             return min(fin, fin - fin % U + g.block_size)
         return aligned
 
-    def _mask(self, g: _Group, start: int, end: int) -> list[bool] | None:
-        """Sliding window: publish only the blocks a future U-aligned hit can read."""
-        if g.spec.kind != "sliding_window" or self.rules.writes == "all":
+    def _reachable_boundaries(self, req: Request, g: _Group) -> list[int]:
+        """Token positions whose hit tail a sparse-retention group keeps: the prompt's replay
+        boundaries and the shared-prefix junction its lookup found (SingleTypeKVCacheManager.
+        cache_blocks, 0.32+)."""
+        out = list(replay_boundaries(req.num_prompt_tokens, self.block_size, self.replay_eagle_drop))
+        junction = req.shared_prefix_boundary
+        if junction:
+            out.append(junction)
+            if g.use_eagle and self.rules.junction_eagle_tail:
+                out.append(junction - g.block_size)
+        return out
+
+    def _mask(self, g: _Group, req: Request, start: int, end: int) -> list[bool] | None:
+        """Which of blocks ``start..end`` a sliding-window or Mamba group publishes (vLLM's
+        reachable_block_mask): only blocks a future ``U``-aligned hit can read, at every ``U``
+        boundary (dense), once per retention interval, and at the reachable boundaries."""
+        kind, interval = g.spec.kind, self.retention_interval
+        if self.rules.writes == "all" or kind == "full_attention" or (
+                kind == "mamba" and (interval is None or not self.mamba_align)):
             return None
         b, U = g.block_size, self.block_size
+        mask = [False] * (end - start)
+        if kind == "mamba":  # a hit reads the one state block ending on its boundary
+            if interval:
+                per_segment = interval // b
+                if per_segment <= 1:
+                    return None
+                first = (start + per_segment) // per_segment * per_segment - 1
+                for i in range(first - start, len(mask), per_segment):
+                    mask[i] = True
+            for t in self._reachable_boundaries(req, g):
+                i = t // U * U // b - 1
+                if start <= i < end:
+                    mask[i - start] = True
+            return mask
         use_eagle = g.use_eagle and self.rules.writes == "eagle_extra"
         need = g.contiguous_blocks_for_hit(use_eagle)
-        per_segment = U // b
-        if need >= per_segment:
-            return None
-        shift = 1 if use_eagle else 0
-        return [i >= shift and (i - shift) % per_segment >= per_segment - need
-                for i in range(start, end)]
+        shift = 1 if use_eagle else 0  # an EAGLE run ends on the block past the boundary
+        segment = U if interval is None else interval
+        if segment:
+            per_segment = segment // b
+            if need >= per_segment:
+                return None
+            for i in range(start, end):
+                mask[i - start] = i >= shift and (i - shift) % per_segment >= per_segment - need
+        if interval is not None:
+            for t in self._reachable_boundaries(req, g):
+                last = t // U * U // b + shift
+                for i in range(max(start, last - need), min(end, last)):
+                    mask[i - start] = True
+        return mask
 
     def cache_blocks(self, req: Request, num_computed: int) -> None:
         if not self.enable_caching:
@@ -600,17 +663,18 @@ class HybridKVCacheManager:
 
     def _cache_full(self, req: Request, g: _Group, keys: list[int], num_cached: int,
                     num_full: int) -> None:
-        mask = self._mask(g, num_cached, num_full)
+        mask = self._mask(g, req, num_cached, num_full)
         table = g.tables[req.req_id]
-        if g.spec.kind == "mamba":
-            g.cached_this_step.update(keys[i] for i in range(num_cached, num_full)
-                                      if table[i] is not self.pool.null_block)
         if mask is None:
             self.pool.cache_full_blocks(table, keys, num_cached, num_full, g.block_size)
         else:
             for i, keep in zip(range(num_cached, num_full), mask):
                 if keep:
                     self.pool.cache_full_blocks(table, keys, i, i + 1, g.block_size)
+        if g.spec.kind == "mamba":  # every state block of the range that carries a hash now
+            null = self.pool.null_block
+            g.cached_this_step.update(table[i].block_hash for i in range(num_cached, num_full)
+                                      if table[i] is not null and table[i].block_hash is not None)
         g.num_cached[req.req_id] = num_full
 
     def _cache_partial_tail(self, req: Request, g: _Group, num_tokens: int) -> None:

@@ -14,7 +14,7 @@ import json
 from collections import deque
 
 from kvsim.assemble import assemble_scheduler
-from kvsim.config import SpecCfg
+from kvsim.config import SpecCfg, check_retention_interval
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
 from kvsim.sched import Scheduler, SchedulerParams
@@ -54,9 +54,13 @@ def build(engine: dict, version: str) -> Scheduler:
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
         "long_prefill_token_threshold", "scheduling_policy", "scheduler_reserve_full_isl")},
         async_scheduling=bool(e.get("async_scheduling", False)))
+    retention = check_retention_interval(
+        "engine.prefix_cache_retention_interval", e.get("prefix_cache_retention_interval"), sem,
+        groups, e["block_size"])
     return assemble_scheduler(sem, params, spec, num_gpu_blocks=e["num_gpu_blocks"],
                               block_size=e["block_size"], enable_caching=e["enable_prefix_caching"],
-                              kv_groups=groups)
+                              kv_groups=groups,
+                              retention_interval=None if retention == "dense" else int(retention))
 
 
 def _accept(req: Request, num_drafts: int) -> int:

@@ -32,6 +32,10 @@ Input schema (every engine key is optional; the defaults are below):
           mamba_cache_mode: "align" | "none" (default: "align" with prefix
                        caching, else "none"; read only when a mamba group exists)
           async_scheduling: bool (default false)
+          prefix_cache_retention_interval: int >= 0 | "dense" (CacheConfig's
+                       field, "dense" for its None; absent: CacheConfig's own
+                       default, i.e. the engine's; releases without the field
+                       accept only "dense" and absent)
   requests[]: req_id, prompt_token_ids, max_tokens, priority (default 0),
           arrival_time (default 0.0), join_step (default 0),
           output_token_id (default -1: the token every sampling step returns),
@@ -55,7 +59,13 @@ How the engine is built (mirrors EngineCore of the release at hand):
     hash_block_size is cache_config.block_size (EngineCore's
     scheduler_block_size there).
   * kv_groups: one KVCacheGroupSpec per entry, FullAttentionSpec /
-    SlidingWindowSpec / MambaSpec, all in one KVCacheConfig(num_gpu_blocks).
+    SlidingWindowSpec / MambaSpec: the groups the release's planner would form
+    for such a model. The KVCacheConfig itself comes from the release's own
+    planning code, as EngineCore gets it: num_gpu_blocks as
+    cache_config.num_gpu_blocks_override, then get_kv_cache_configs(...,
+    global_kv_cache_groups) + generate_scheduler_kv_cache_config (0.33), or
+    get_kv_cache_config_from_groups (older), so every engine-level field the
+    planner sets (prefix_cache_retention_interval, 0.32+) is the engine's.
     Sliding-window specs get extra_retained_tokens = num_prefill_lookahead - 1
     where the release has it (as its KV-cache planner does). Mamba specs get
     mamba_cache_mode and num_speculative_blocks = k. As EngineCore does,
@@ -125,7 +135,6 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
-    KVCacheConfig,
     KVCacheGroupSpec,
 )
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
@@ -208,7 +217,13 @@ ENGINE_DEFAULTS = {
     "scheduler_reserve_full_isl": True,
 }
 # Optional engine keys; absent means off (the behaviour before they existed).
-ENGINE_OPTIONAL = ("speculative", "kv_groups", "mamba_cache_mode", "async_scheduling")
+ENGINE_OPTIONAL = (
+    "speculative",
+    "kv_groups",
+    "mamba_cache_mode",
+    "async_scheduling",
+    "prefix_cache_retention_interval",
+)
 SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
 SPEC_FLAGS = (
     "disable_eagle_block_drop",
@@ -487,6 +502,20 @@ def build_scheduler(engine: dict):
         cache_kwargs["mamba_cache_mode"] = mamba_mode
         if prefix_caching:
             cache_kwargs["mamba_block_size"] = int(mamba_groups[0]["block_size"])
+    if "prefix_cache_retention_interval" in engine:
+        retention = engine["prefix_cache_retention_interval"]
+        has_field = "prefix_cache_retention_interval" in {
+            f.name for f in dataclasses.fields(CacheConfig)
+        }
+        if retention == "dense":
+            if has_field:
+                cache_kwargs["prefix_cache_retention_interval"] = None
+        elif not has_field:
+            raise ValueError(
+                "engine.prefix_cache_retention_interval: this vLLM has no such setting"
+            )
+        else:
+            cache_kwargs["prefix_cache_retention_interval"] = int(retention)
     cache_config = _call_filtered(CacheConfig, cache_kwargs, dropped, "CacheConfig")
     vc_kwargs: dict = dict(
         model_config=model_config,
@@ -586,11 +615,7 @@ def build_scheduler(engine: dict):
             groups.append(
                 KVCacheGroupSpec(names, _group_spec(g, vllm_config, warnings), **kw)
             )
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=groups,
-    )
+    kv_cache_config = _plan_kv_cache_config(vllm_config, groups, num_blocks)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     vllm_config.cache_config.num_cpu_blocks = 0
 
@@ -671,6 +696,49 @@ def build_scheduler(engine: dict):
         "queue_rule": queue_rule,
     }
     return sched, hasher, warnings, info
+
+
+def _plan_kv_cache_config(vllm_config, groups: list, num_blocks: int):
+    """The KVCacheConfig EngineCore would hand the Scheduler for these groups and
+    a pool of num_blocks (vLLM's --num-gpu-blocks-override), made by the release's
+    own planning code, never by hand: whatever engine-level field the planner
+    sets (prefix_cache_retention_interval in 0.32+) comes with it."""
+    try:  # 0.33
+        from vllm.v1.core import kv_cache_planning as planning
+    except ImportError:  # 0.32 and older keep the planner in kv_cache_utils
+        planning = kv_cache_utils
+    vllm_config.cache_config.num_gpu_blocks_override = num_blocks
+    layer_specs = {
+        name: group.kv_cache_spec for group in groups for name in group.layer_names
+    }
+    if getattr(vllm_config.cache_config, "kv_cache_layout", "set") is None:
+        # 0.33: EngineCore resolves the memory layout first (it places bytes, not
+        # blocks): block-outermost ones, which any mix of page sizes can use.
+        from vllm.config.cache import KVCacheLayout
+        from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+        names = [m.name for m in KVCacheLayout if m.is_block_outermost]
+        resolve_kv_cache_layout(vllm_config, [names], layer_specs.values())
+    # Memory is moot under the override; give the planner exactly that much.
+    per_block = sum(
+        spec.page_size_bytes * len(group.layer_names)
+        for group in groups
+        for spec in [group.kv_cache_spec]
+    )
+    memory = num_blocks * per_block
+    params = inspect.signature(planning.get_kv_cache_configs).parameters
+    if "global_kv_cache_groups" in params:
+        (config,) = planning.get_kv_cache_configs(
+            vllm_config, [layer_specs], [memory], groups
+        )
+        config = kv_cache_utils.generate_scheduler_kv_cache_config([config])
+    else:
+        config = planning.get_kv_cache_config_from_groups(vllm_config, groups, memory)
+    if config.num_blocks != num_blocks:
+        raise RuntimeError(
+            f"vLLM's planner made {config.num_blocks} blocks, wanted {num_blocks}"
+        )
+    return config
 
 
 # (hash_fn, num_hash_lookahead_tokens, hash_block_size) -> block hasher.
