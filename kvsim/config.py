@@ -766,7 +766,10 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if groups:
         # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.
         in_flight = mnbt * (2 if e["async_scheduling"] and sem.has_max_in_flight_tokens else 1)
-        needed = sum(g.max_blocks_per_request(mml, in_flight) for g in groups)
+        spec = raw.get("speculative") or {}
+        nsb = int(spec.get("num_speculative_tokens") or 0) if method != "none" else 0
+        needed = sum(g.max_blocks_per_request(mml, in_flight, nsb, e["enable_prefix_caching"])
+                     for g in groups)
     else:
         needed = -(-mml // e["block_size"])
     if needed > usable:

@@ -5,6 +5,11 @@ Needs an oracle environment (kvsim/oracle/make_env.sh VERSION):
     python tests/fixtures_make.py --python ~/.cache/kvsim/oracle/vllm-0.33.0/bin/python \
         --version 0.33.0 --count 120
 
+Re-record every scenario of existing fixtures (after a change to the driver), keeping the
+scenarios themselves:
+
+    python tests/fixtures_make.py --python ... --version 0.33.0 --rerecord
+
 The expected numbers in the fixture come from vLLM's Scheduler, never from kvsim;
 tests/test_vllm_fixtures.py replays each scenario through kvsim and requires identity.
 """
@@ -37,7 +42,16 @@ def main() -> int:
     ap.add_argument("--async", dest="async_", action="store_true", help="asynchronous scheduling")
     ap.add_argument("--cases", nargs="*", metavar="SEED[:MIX]",
                     help="record these seeds (MIX: spec,hybrid|mamba,async) into vllm-VERSION-regressions")
+    ap.add_argument("--rerecord", action="store_true",
+                    help="run the scenarios of every tests/fixtures/vllm-VERSION*.json.gz again")
     args = ap.parse_args()
+    if args.rerecord:
+        for dest in sorted((ROOT / "tests" / "fixtures").glob(f"vllm-{args.version}*.json.gz")):
+            data = json.loads(gzip.decompress(dest.read_bytes()))
+            scenarios = [c["scenario"] for c in data["cases"]]
+            data["cases"] = record(args, scenarios)
+            write(dest, data)
+        return 0
     if args.cases:
         scenarios = []
         for item in args.cases:
@@ -50,6 +64,18 @@ def main() -> int:
         hybrid = "mamba" if args.mamba else args.hybrid
         scenarios = [random_scenario(s, spec=args.spec, hybrid=hybrid, async_scheduling=args.async_)
                      for s in range(args.first_seed, args.first_seed + args.count)]
+    tag = "-regressions" if args.cases else "".join(
+        t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid), ("-mamba", args.mamba),
+                        ("-async", args.async_)) if on)
+    dest = ROOT / "tests" / "fixtures" / f"vllm-{args.version}{tag}.json.gz"
+    write(dest, {"vllm_version": args.version, "generator": "kvsim.oracle.fuzz",
+                 "spec": args.spec, "hybrid": "mamba" if args.mamba else args.hybrid,
+                 "async": args.async_, "cases": record(args, scenarios)})
+    return 0
+
+
+def record(args, scenarios: list[dict]) -> list[dict]:
+    """The scenarios with vLLM's results (those vLLM refuses are left out, and named)."""
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps([to_driver(s) for s in scenarios]))
@@ -59,25 +85,21 @@ def main() -> int:
     cases = []
     for sc, res in zip(scenarios, results, strict=True):
         if "error" in res:
-            print(f"seed {sc['seed']}: {res['error']}", file=sys.stderr)
+            print(f"seed {sc['seed']}: {res['error'][:200]}", file=sys.stderr)
             continue
         res.pop("usage", None)
         for st in res["steps"]:
             st.pop("usage", None)  # recomputable from num_free_blocks
             st["block_ids_digest"] = block_ids_digest(st.pop("block_ids"))
         cases.append({"scenario": sc, "vllm": res})
-    tag = "-regressions" if args.cases else "".join(
-        t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid), ("-mamba", args.mamba),
-                        ("-async", args.async_)) if on)
-    dest = ROOT / "tests" / "fixtures" / f"vllm-{args.version}{tag}.json.gz"
+    return cases
+
+
+def write(dest: Path, data: dict) -> None:
     dest.parent.mkdir(exist_ok=True)
-    text = json.dumps({"vllm_version": args.version, "generator": "kvsim.oracle.fuzz",
-                       "spec": args.spec, "hybrid": "mamba" if args.mamba else args.hybrid,
-                       "async": args.async_,
-                       "cases": cases}, separators=(",", ":")) + "\n"
+    text = json.dumps(data, separators=(",", ":")) + "\n"
     dest.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
-    print(f"{len(cases)} cases -> {dest} ({dest.stat().st_size} bytes)")
-    return 0
+    print(f"{len(data['cases'])} cases -> {dest} ({dest.stat().st_size} bytes)")
 
 
 if __name__ == "__main__":

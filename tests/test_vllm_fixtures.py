@@ -51,8 +51,9 @@ def test_fixtures_exercise_the_hard_paths():
 REGRESSIONS = {
     ("vllm-0.33.0-spec-hybrid", 3028): "0.32+ publish the prompt tail inside a coarse "
                                        "full-attention block (partial entry): freed to the tail",
-    ("vllm-0.33.0-spec-hybrid-async", 4101): "async: the sliding-window admission cap uses "
-                                             "max_in_flight_tokens = 2 x max_num_batched_tokens",
+    ("vllm-0.33.0-regressions", 4144): "async: the sliding-window admission cap uses "
+                                       "max_in_flight_tokens = 2 x max_num_batched_tokens (seed "
+                                       "4101 had it, in a pool vLLM's planner refuses at start-up)",
     ("vllm-0.33.0-spec-hybrid-async", 4105): "same (a preemption the wrong cap caused)",
     ("vllm-0.19.0-spec", 2014): "a draft reservation leaving exactly 0 tokens falls back to "
                                 "max_num_batched_tokens (vLLM tests the value for truth)",
@@ -79,6 +80,10 @@ REGRESSIONS = {
     ("vllm-0.32.0-regressions", 1020408): "under the EAGLE drop the prompt's Mamba checkpoint is one "
                                           "block earlier (Mamba follows the attention replay boundary)",
     ("vllm-0.32.0-regressions", 1020417): "same, async",
+    ("vllm-0.33.0-regressions", 100242): "0.33 under the EAGLE drop: a sparse-retention window "
+                                         "group also keeps the tail one of its blocks below a "
+                                         "shared-prefix junction (0.32 does not)",
+    ("vllm-0.33.0-regressions", 100243): "same, for a Mamba group's state",
 }
 
 

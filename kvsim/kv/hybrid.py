@@ -73,13 +73,17 @@ class GroupSpec:
     eagle: bool = False  # holds the drafter's layer
     num_layers: int | None = None  # memory estimate only
 
-    def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
-        """Blocks one ``max_model_len`` request can hold (a window recycles its blocks)."""
+    def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int,
+                               num_speculative_blocks: int = 0, mamba_align: bool = False) -> int:
+        """Blocks vLLM's start-up check reserves for one ``max_model_len`` request (the
+        specs' max_memory_usage_bytes): a window's recycled blocks plus one for a window
+        not starting on a block; a Mamba state (two in "align" mode: the previous and the
+        current one) plus the speculative state blocks."""
         if self.kind == "sliding_window":
             tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
-            return min(cdiv(max_model_len, self.block_size), cdiv(tokens, self.block_size) + 1)
+            return cdiv(tokens, self.block_size) + 1
         if self.kind == "mamba":
-            return 1  # the running state (speculative state blocks come on top)
+            return (2 if mamba_align else 1) + num_speculative_blocks
         return cdiv(max_model_len, self.block_size)
 
 

@@ -2,6 +2,7 @@
 
     python -m kvsim.oracle.suite --count 500                  # per version (CI)
     python -m kvsim.oracle.suite --count 5000 --versions 0.33.0
+    python -m kvsim.oracle.suite --count 2000 --mixes hybrid,spec-hybrid,mamba,spec-mamba
 
 Scenarios cycle through the feature mixes each release supports (single group, speculative
 decoding, hybrid groups, both, and asynchronous scheduling where kvsim models it); each
@@ -35,21 +36,34 @@ MIXES = (  # (speculative decoding, hybrid groups ("mamba": with a Mamba group),
 )
 
 
-def mixes_for(version: str) -> list[tuple[bool, bool, bool]]:
-    return [m for m in MIXES if not m[2] or VERSIONS[version].async_modelled]
+def mix_name(mix: tuple) -> str:
+    """A mix as the fixture files name it: plain, spec, hybrid, spec-hybrid, mamba, async, ..."""
+    spec, hybrid, is_async = mix
+    parts = [p for p, on in (("spec", spec), ("mamba" if hybrid == "mamba" else "hybrid", hybrid),
+                             ("async", is_async)) if on]
+    return "-".join(parts) or "plain"
+
+
+def mixes_for(version: str, only: set[str] | None = None) -> list[tuple[bool, bool, bool]]:
+    """The mixes this release supports (asynchronous ones where kvsim models its scheduler),
+    limited to the named ones (``mix_name``) when ``only`` is given."""
+    return [m for m in MIXES if (not m[2] or VERSIONS[version].async_modelled)
+            and (only is None or mix_name(m) in only)]
 
 
 STALL = re.compile(r"stall at step (\d+)")
 
 
 def run_version(version: str, count: int, first_seed: int, python: Path,
-                max_calls: int) -> tuple[int, int, int, int, list[str]]:
+                max_calls: int, only: set[str] | None = None) -> tuple[int, int, int, int, list[str]]:
     """Returns (compared, of which ending in the release's own stall, mismatching, refused or
     unfinished by vLLM, first mismatch reports).
 
     A scenario in which vLLM deadlocks (schedule() schedules nothing, nothing is running)
     counts as compared when kvsim deadlocks at the same step, as a mismatch otherwise."""
-    mixes = mixes_for(version)
+    mixes = mixes_for(version, only)
+    if not mixes:
+        return 0, 0, 0, 0, []
     cases = []
     for i in range(count):
         seed = first_seed + i
@@ -97,14 +111,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=500, help="scenarios per version")
     ap.add_argument("--first-seed", type=int, default=100_000)
     ap.add_argument("--max-calls", type=int, default=20_000, help="schedule() calls per scenario")
+    names = sorted({mix_name(m) for m in MIXES})
+    ap.add_argument("--mixes", default=None,
+                    help=f"only these feature mixes, comma-separated ({', '.join(names)})")
     args = ap.parse_args(argv)
+    only = None
+    if args.mixes is not None:
+        only = set(args.mixes.split(","))
+        if only - set(names):
+            print(f"kvsim: error: --mixes: unknown {', '.join(sorted(only - set(names)))} "
+                  f"(known: {', '.join(names)})", file=sys.stderr)
+            return 2
     total_bad = total = 0
     for version in args.versions.split(","):
         try:
             python = oracle_python(version, None)
             t0 = time.perf_counter()
             compared, stalls, bad, refused, reports = run_version(
-                version, args.count, args.first_seed, python, args.max_calls)
+                version, args.count, args.first_seed, python, args.max_calls, only)
         except ConfigError as exc:
             print(f"kvsim: error: {exc.where}: {exc.what}", file=sys.stderr)
             return 2

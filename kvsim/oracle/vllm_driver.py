@@ -114,6 +114,7 @@ import atexit  # noqa: E402
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
 import inspect  # noqa: E402
+import math  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -377,21 +378,26 @@ def _annotates_eagle_groups(spec_config) -> bool:
     return bool(spec_config.use_eagle())
 
 
-def _group_spec(g: dict, vllm_config, warnings: list[str]):
+def _group_spec(g: dict, vllm_config, warnings: list[str], page_tokens: int):
+    """One group's spec. Every group gets the same page size, as a real hybrid
+    model's do (vLLM's planner unifies them, sizing Mamba pages up with
+    page_size_padded): 2 x 64 x page_tokens float32 values per block."""
     from vllm.v1 import kv_cache_interface as kvi
 
     kind = g["kind"]
     b = int(g["block_size"])
+    head_size = 64 * page_tokens // b
+    page_bytes = 2 * 64 * page_tokens * 4
     dropped: list[str] = []
     if kind == "full_attention":
         spec = FullAttentionSpec(
-            block_size=b, num_kv_heads=1, head_size=64, dtype=torch.float32
+            block_size=b, num_kv_heads=1, head_size=head_size, dtype=torch.float32
         )
     elif kind == "sliding_window":
         kw = dict(
             block_size=b,
             num_kv_heads=1,
-            head_size=64,
+            head_size=head_size,
             dtype=torch.float32,
             sliding_window=int(g["sliding_window"]),
         )
@@ -407,6 +413,7 @@ def _group_spec(g: dict, vllm_config, warnings: list[str]):
             shapes=((4, 16),),
             dtypes=(torch.float32,),
             num_speculative_blocks=int(sc.num_speculative_tokens) if sc is not None else 0,
+            page_size_padded=page_bytes,
         )
         mode = getattr(vllm_config.cache_config, "mamba_cache_mode", None)
         if mode is not None:
@@ -591,6 +598,7 @@ def build_scheduler(engine: dict):
             f.name for f in dataclasses.fields(KVCacheGroupSpec)
         }
         annotate = _annotates_eagle_groups(spec_config)
+        page_tokens = math.lcm(*(int(g["block_size"]) for g in groups_in))
         groups = []
         layer = 0
         for i, g in enumerate(groups_in):
@@ -613,7 +621,9 @@ def build_scheduler(engine: dict):
                 else:
                     kw["is_eagle_group"] = True
             groups.append(
-                KVCacheGroupSpec(names, _group_spec(g, vllm_config, warnings), **kw)
+                KVCacheGroupSpec(
+                    names, _group_spec(g, vllm_config, warnings, page_tokens), **kw
+                )
             )
     kv_cache_config = _plan_kv_cache_config(vllm_config, groups, num_blocks)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
