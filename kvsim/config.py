@@ -152,6 +152,13 @@ GROUP_KEYS = (
     Key("eagle", "bool", False, "Holds the drafter's layer (EAGLE/MTP). With an EAGLE-family "
         "method and no group marked, every group is, as in vLLM."),
     Key("num_layers", "int", None, "Layers in this group (memory estimate only).", low=1),
+    Key("prefill_checkpoint_alignment", "int", None, "Mamba groups, vLLM 0.32+: the layers "
+        "export a prefix-cache state from inside a prefill chunk at offsets that are multiples "
+        "of this many tokens (vLLM's `MambaSpec.prefill_checkpoint_alignment`): `1` for Mamba2 "
+        "layers (NemotronH, Bamba, Granite 4, Falcon-H1, Zamba2), the `block_size` for "
+        "GatedDeltaNet (Qwen3-Next, Qwen3.5) with the FlashInfer prefill kernel. Left out "
+        "(Mamba1 layers: Jamba; GDN on the FLA kernel) the scheduler ends a chunk at the "
+        "checkpoint instead.", low=1),
 )
 
 SPEC_METHODS = ("none", "ngram", "eagle", "eagle3", "mtp", "draft_model")
@@ -515,9 +522,12 @@ def _check_groups(where: str, value: Any) -> tuple:
         if (g["kind"] == "sliding_window") != (g["sliding_window"] is not None):
             raise ConfigError(f"{w}.sliding_window", "required for a sliding_window group"
                               if g["kind"] == "sliding_window" else "only for sliding_window groups")
+        if g["prefill_checkpoint_alignment"] is not None and g["kind"] != "mamba":
+            raise ConfigError(f"{w}.prefill_checkpoint_alignment", "only for mamba groups")
         out.append(GroupSpec(kind=g["kind"], block_size=g["block_size"],
                              sliding_window=g["sliding_window"] or 0, eagle=g["eagle"],
-                             num_layers=g["num_layers"]))
+                             num_layers=g["num_layers"],
+                             prefill_checkpoint_alignment=g["prefill_checkpoint_alignment"]))
     mamba = [i for i, g in enumerate(out) if g.kind == "mamba"]
     if len(mamba) > 1:
         raise ConfigError(f"{where}[{mamba[1]}].kind", "at most one mamba group is supported")
@@ -778,10 +788,19 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                           f"{usable} usable (num_gpu_blocks {e['num_gpu_blocks']} minus the null "
                           "block); vLLM refuses to start: lower max_model_len or enlarge the pool")
     e["num_gpu_blocks_derived"] = derived
+    check_groups_for_release(f"{where}.kv_groups", groups, sem)
     e["prefix_cache_retention_interval"] = check_retention_interval(
         f"{where}.prefix_cache_retention_interval", e["prefix_cache_retention_interval"], sem,
         groups, e["block_size"])
     return _build(EngineCfg, e)
+
+
+def check_groups_for_release(where: str, groups, sem: Semantics) -> None:
+    """Refuse group settings the release does not have (vLLM would reject the spec field)."""
+    for i, g in enumerate(groups or ()):
+        if g.prefill_checkpoint_alignment is not None and not sem.has_mamba_prefill_checkpoints:
+            raise ConfigError(f"{where}[{i}].prefill_checkpoint_alignment", f"vLLM {sem.version} "
+                              "has no prefill checkpoints inside a chunk (0.32 and later)")
 
 
 def check_retention_interval(where: str, value: int | str | None, sem: Semantics,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
-from kvsim.kv.hybrid import mamba_checkpoint_position
+from kvsim.kv.hybrid import mamba_checkpoint_exportable, mamba_checkpoint_position
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, Status
 from kvsim.semantics import Semantics
@@ -276,8 +276,14 @@ class Scheduler:
             if end < last:
                 return n // b * b
             return last - start if start < last < end else n
-        # 0.32+: get_mamba_prefill_checkpoint_position, then the mandatory stops.
+        # 0.32+: get_mamba_prefill_checkpoint_position, then the mandatory stops; a chunk that
+        # reaches the prefill end and can export the checkpoint from inside need not stop there.
         last = mamba_checkpoint_position(req.num_tokens, b, kv.eagle_drop, kv.hash_lookahead)
+        internal = end >= prefill_end and mamba_checkpoint_exportable(
+            start, end, mamba_checkpoint_position(prefill_end, b, kv.eagle_drop, kv.hash_lookahead),
+            kv.hash_block_size, b, kv.mamba_checkpoint_alignment)
+        if internal:
+            last = 0
         if end < prefill_end:
             max_prefill = self.token_budget
             if self.params.long_prefill_token_threshold > 0:
@@ -286,7 +292,7 @@ class Scheduler:
             if aligned > start or b <= max_prefill:
                 end = aligned
         junction = req.shared_prefix_boundary
-        stops = ((start // b + 1) * b if start % b else 0,  # back onto the block grid
+        stops = ((start // b + 1) * b if start % b and not internal else 0,  # onto the block grid
                  last,
                  start + (junction - start) // b * b if start < junction < end else 0)
         end = min((s for s in stops if start < s < end), default=end)

@@ -106,6 +106,10 @@ class Semantics:
     # None: dense, every U boundary (0.19/0.22, which have no such setting).
     has_prefix_cache_retention_interval: bool
     default_prefix_cache_retention_interval: int | None
+    # MambaSpec.num_prefill_checkpoint_blocks / prefill_checkpoint_alignment (0.32+): Mamba2
+    # and GDN layers export a checkpoint state from inside a prefill chunk
+    # (Scheduler._mamba_block_aligned_split, MambaManager._needs_internal_checkpoint).
+    has_mamba_prefill_checkpoints: bool
 
 
 _V033 = Semantics(
@@ -136,6 +140,7 @@ _V033 = Semantics(
     batch_queue_fill_requires_execution=False,
     has_prefix_cache_retention_interval=True,
     default_prefix_cache_retention_interval=0,
+    has_mamba_prefill_checkpoints=True,
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 hybrid=replace(_V033.hybrid, mamba_tail_rekey="always", junction_eagle_tail=False),
@@ -158,7 +163,8 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 has_num_in_flight_tokens=False, has_max_in_flight_tokens=False,
                 batch_queue_fill_requires_execution=True,
                 has_prefix_cache_retention_interval=False,
-                default_prefix_cache_retention_interval=None)
+                default_prefix_cache_retention_interval=None,
+                has_mamba_prefill_checkpoints=False)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,

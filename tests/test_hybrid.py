@@ -349,3 +349,65 @@ def test_mamba_block_larger_than_a_chunk_advances_sub_block_in_033():
     # next boundary (64 = 32 + 32); the last chunk ends at rd(L - 1, 64) = 192, then 8 more.
     chunks, hit = mamba_chunks_and_hit("0.33.0", {"method": "none"}, budget=32)
     assert chunks == [32] * 6 + [8] and hit == 192
+
+
+# -- Prefill checkpoints inside a chunk (Mamba2 / GDN, 0.32+) --------------------------------
+
+
+def _mamba_checkpoint_run(alignment, budget, retention=None, version="0.33.0"):
+    # Full attention + Mamba, block 128. A: 400 tokens; A2 repeats it; C = A[:300] + 150 new;
+    # D = A[:300] + 100 new (each joins after the previous one finished).
+    A = list(range(1, 401))
+    C = A[:300] + list(range(5000, 5150))
+    D = A[:300] + list(range(9000, 9100))
+    mamba = {"kind": "mamba", "block_size": 128}
+    if alignment is not None:
+        mamba["prefill_checkpoint_alignment"] = alignment
+    engine = {"block_size": 128, "num_gpu_blocks": 64, "max_num_batched_tokens": budget,
+              "max_num_seqs": 8, "max_model_len": 1024,
+              "kv_groups": [{"kind": "full_attention", "block_size": 128}, mamba]}
+    if retention is not None:
+        engine["prefix_cache_retention_interval"] = retention
+    reqs = [{"req_id": n, "prompt_token_ids": p, "max_tokens": 2, "join_step": 10 * i,
+             "output_token_id": -(i + 1)}
+            for i, (n, p) in enumerate([("A", A), ("A2", A), ("C", C), ("D", D)])]
+    res = drive({"engine": engine, "requests": reqs}, version)["requests"]
+    return res["A"]["first_token_step"], [res[n]["cached_tokens"] for n in ("A2", "C", "D")]
+
+
+@pytest.mark.parametrize("alignment, budget, retention, first_token, hits", [
+    # Mamba1: the prompt's checkpoint is rd(399, 128) = 384, so the scheduler ends A's first
+    # chunk there ([384, 16]): A's first token comes a step later. A2 hits that state (384);
+    # C gets 0 (no state at 256, only the replay boundary is kept) and leaves the junction
+    # 256 that D hits.
+    (None, 2048, None, 1, [384, 0, 256]),
+    # Mamba2 (alignment 1) and GDN with FlashInfer (alignment = block): the one chunk
+    # [0, 400) reaches the prefill end and contains 384 (0 + 128 <= 384 < 400, the checkpoint
+    # column 2 lies after the initial state's): the state at 384 is exported from inside
+    # it, into a block reserved for it. A decodes from step 0, the hits are the same.
+    (1, 2048, None, 0, [384, 0, 256]),
+    (128, 2048, None, 0, [384, 0, 256]),
+    # Dense retention cannot help C here: the one chunk left no state at 256.
+    (1, 2048, "dense", 0, [384, 0, 256]),
+    # ... unless chunks end there: budget 256 gives [256, 144] with a state at 256 (dense
+    # keeps it) and the internal checkpoint at 384: C 256.
+    (1, 256, "dense", 1, [384, 256, 256]),
+])
+def test_mamba_prefill_checkpoints_inside_a_chunk(alignment, budget, retention, first_token, hits):
+    assert _mamba_checkpoint_run(alignment, budget, retention) == (first_token, hits)
+
+
+def test_mamba_prefill_checkpoints_need_032():
+    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+           "engine": {"vllm_version": "0.22.1", "num_gpu_blocks": 10000, "max_model_len": 4096,
+                      "kv_groups": [{"kind": "full_attention", "block_size": 128},
+                                    {"kind": "mamba", "block_size": 128,
+                                     "prefill_checkpoint_alignment": 1}]}}
+    with pytest.raises(ConfigError) as exc:
+        parse_scenario(raw)
+    assert exc.value.where.endswith("kv_groups[1].prefill_checkpoint_alignment")
+    raw["engine"]["vllm_version"] = "0.33.0"
+    raw["engine"]["kv_groups"][0]["prefill_checkpoint_alignment"] = 1
+    with pytest.raises(ConfigError) as exc:
+        parse_scenario(raw)
+    assert "only for mamba groups" in exc.value.what

@@ -63,6 +63,20 @@ def mamba_checkpoint_position(num_tokens: int, block_size: int, eagle_drop: bool
     return max((num_tokens - max(1, hash_lookahead)) // block_size * block_size, 0)
 
 
+def mamba_checkpoint_exportable(query_start: int, query_end: int, checkpoint: int,
+                                hash_block_size: int, block_size: int, alignment: int | None) -> bool:
+    """vLLM's is_mamba_prefill_checkpoint_valid (0.32+): whether a layer that exports prefill
+    checkpoints from inside a chunk (Mamba2: any offset; GDN with FlashInfer: on the block
+    grid) can write the state at ``checkpoint`` in the chunk ``[query_start, query_end)``."""
+    if alignment is None:
+        return False
+    return (query_start % hash_block_size == 0
+            and cdiv(query_end, block_size) - 2 > (query_start - 1) // block_size
+            and query_start + hash_block_size <= checkpoint
+            and query_start < checkpoint < query_end
+            and (checkpoint - query_start) % alignment == 0)
+
+
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
     """One KV-cache group: ``kind`` is ``full_attention``, ``sliding_window`` or ``mamba``."""
@@ -72,6 +86,11 @@ class GroupSpec:
     sliding_window: int = 0
     eagle: bool = False  # holds the drafter's layer
     num_layers: int | None = None  # memory estimate only
+    # Mamba only: the token alignment at which the layers export a prefill checkpoint from
+    # inside a chunk (vLLM 0.32+'s MambaSpec.prefill_checkpoint_alignment with one
+    # num_prefill_checkpoint_blocks): 1 for Mamba2 layers, the block size for GDN with the
+    # FlashInfer prefill kernel; None (Mamba1, GDN on FLA) splits the prefill instead.
+    prefill_checkpoint_alignment: int | None = None
 
     def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int,
                                num_speculative_blocks: int = 0, mamba_align: bool = False) -> int:
@@ -83,7 +102,9 @@ class GroupSpec:
             tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
             return cdiv(tokens, self.block_size) + 1
         if self.kind == "mamba":
-            return (2 if mamba_align else 1) + num_speculative_blocks
+            if not mamba_align:
+                return 1 + num_speculative_blocks
+            return 2 + num_speculative_blocks + (self.prefill_checkpoint_alignment is not None)
         return cdiv(max_model_len, self.block_size)
 
 
@@ -156,6 +177,8 @@ class _Group:
         self.last_state_idx: dict[str, int] = {}
         self.num_retired: dict[str, int] = {}
         self.cached_this_step: set[int] = set()
+        # The checkpoint (position, block index) this step's chunk exports from inside.
+        self.checkpoints: dict[str, tuple[int, int]] = {}
 
     def num_skipped_tokens(self, num_computed: int) -> int:
         if self.spec.kind == "sliding_window":
@@ -197,6 +220,11 @@ class HybridKVCacheManager:
         # Mamba prefix caching needs "align" mode, vLLM's default whenever caching is on.
         self.mamba_align = bool(self.mamba_groups) and enable_caching
         self.num_speculative_blocks = num_speculative_blocks if self.mamba_groups else 0
+        # Intra-chunk prefill checkpoints, when every Mamba group exports them (align mode).
+        self.mamba_checkpoint_alignment = None
+        if self.mamba_align and all(g.spec.prefill_checkpoint_alignment is not None
+                                    for g in self.mamba_groups):
+            self.mamba_checkpoint_alignment = self.mamba_groups[0].spec.prefill_checkpoint_alignment
         # Flag groups holding the drafter; with none marked vLLM flags them all.
         flagged = {i for i, g in enumerate(groups) if g.eagle} if eagle_family else set()
         if eagle_family and (not flagged or not rules.per_group_eagle_flags):
@@ -393,14 +421,17 @@ class HybridKVCacheManager:
     # -- allocation ----------------------------------------------------------------------
 
     def _blocks_to_allocate(self, g: _Group, req_id: str, num_tokens: int, hit: list[Block],
-                            total_computed: int, admission_cap: bool, main_tokens: int) -> int:
+                            total_computed: int, admission_cap: bool, main_tokens: int,
+                            prefill_end: int) -> int:
         if g.spec.kind == "mamba":
             if hit and hit[-1].block_hash in g.cached_this_step:
                 # Mamba can't rely on a state another request publishes in this very step:
                 # report more than the pool holds so the request waits a step (#29387).
                 return self.pool.num_gpu_blocks + 1
             if self.mamba_align:
-                return self._mamba_align_blocks_to_allocate(g, req_id, main_tokens, hit)
+                return self._mamba_align_blocks_to_allocate(g, req_id, main_tokens, hit,
+                                                            total_computed, admission_cap,
+                                                            prefill_end)
             num_tokens += g.block_size * self.num_speculative_blocks
         required = cdiv(num_tokens, g.block_size)
         if admission_cap and g.spec.kind == "sliding_window" and self.rules.swa_admission_cap:
@@ -419,23 +450,58 @@ class HybridKVCacheManager:
         return sum(1 for blk in blocks if blk.ref_cnt == 0 and blk is not self.pool.null_block)
 
     def _mamba_align_blocks_to_allocate(self, g: _Group, req_id: str, main_tokens: int,
-                                        hit: list[Block]) -> int:
+                                        hit: list[Block], total_computed: int,
+                                        admission_cap: bool, prefill_end: int) -> int:
         """Align mode ignores lookahead slots (draft models have no Mamba layers): a first
         allocation needs the state block plus ``num_speculative_blocks``, later ones at most
-        one block (the speculative blocks are reused)."""
+        one block (the speculative blocks are reused), plus one for a checkpoint the chunk
+        exports from inside (recorded for the allocation, unless this is the admission gate's
+        count)."""
         nsb = self.num_speculative_blocks
         required = cdiv(main_tokens, g.block_size) + nsb
         num_new = required - len(hit) - len(g.tables.get(req_id, ()))
+        checkpoint = mamba_checkpoint_position(main_tokens, self.block_size, self.eagle_drop,
+                                               self.hash_lookahead)
+        if not self._needs_internal_checkpoint(g, req_id, total_computed, main_tokens, checkpoint,
+                                               prefill_end):
+            checkpoint = 0
+        if not admission_cap:
+            if checkpoint:
+                g.checkpoints[req_id] = (checkpoint, cdiv(main_tokens, g.block_size) - 2)
+            else:
+                g.checkpoints.pop(req_id, None)
         if num_new > 0:
-            cap = 1 if req_id in g.allocated else 1 + nsb
+            cap = (1 if req_id in g.allocated else 1 + nsb) + (checkpoint > 0)
             num_new = min(num_new, cap) if self.rules.mamba_retire else cap
         return num_new + self._num_evictable(hit)
 
+    def _needs_internal_checkpoint(self, g: _Group, req_id: str, query_start: int, query_end: int,
+                                   checkpoint: int, prefill_end: int) -> bool:
+        """MambaManager._needs_internal_checkpoint: the chunk reaches ``prefill_end``, the
+        layers can export ``checkpoint`` from inside it, and its block column is free."""
+        if self.mamba_checkpoint_alignment is None or query_end < prefill_end:
+            return False
+        b = g.block_size
+        if not mamba_checkpoint_exportable(query_start, query_end, checkpoint, self.hash_block_size,
+                                           b, self.mamba_checkpoint_alignment):
+            return False
+        idx = cdiv(query_end, b) - 2
+        table = g.tables.get(req_id, ())
+        return idx >= 0 and (idx >= len(table) or table[idx] is self.pool.null_block or (
+            req_id in g.allocated and idx >= len(table) - self.num_speculative_blocks))
+
     def num_blocks_to_allocate(self, req_id: str, num_tokens: int, hit: dict, total_computed: int = 0,
-                               admission_cap: bool = False, main_tokens: int | None = None) -> int:
+                               admission_cap: bool = False, main_tokens: int | None = None,
+                               prefill_end: int = 0) -> int:
+        """``prefill_end``: where the request's prefill ends; only the chunk reaching it
+        exports a Mamba checkpoint from inside under the default retention (0), every chunk
+        otherwise (vLLM then passes 0)."""
         main = num_tokens if main_tokens is None else main_tokens
+        if self.retention_interval != 0:
+            prefill_end = 0
         return sum(self._blocks_to_allocate(g, req_id, num_tokens, hit.get(g.gid, []),
-                                            total_computed, admission_cap, main) for g in self.groups)
+                                            total_computed, admission_cap, main, prefill_end)
+                   for g in self.groups)
 
     def _free_range(self, table: list[Block], first: int, last: int, past_nulls: bool) -> None:
         """Free ``table[first:last]`` newest first, leaving null blocks; stop at the first null
@@ -488,9 +554,11 @@ class HybridKVCacheManager:
         hit = new_computed_blocks or {}
         local = req.num_computed_tokens + num_new_computed_tokens
         total = min(local, self.max_model_len)
+        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
         if full_sequence_must_fit:
             full = min(req.num_tokens, self.max_model_len)
-            if self.num_blocks_to_allocate(req.req_id, full, hit, total, True) > self.pool.num_free_blocks:
+            if self.num_blocks_to_allocate(req.req_id, full, hit, total, True,
+                                           prefill_end=prefill_end) > self.pool.num_free_blocks:
                 return None
         main = total + num_new_tokens
         need = min(main + num_lookahead_tokens, self.max_model_len)
@@ -498,7 +566,8 @@ class HybridKVCacheManager:
         # still read their window; 0.32 kv_cache_manager.py:552-559). Before 0.32 all computed
         # tokens count (0.22 :373-375): the scheduler keeps num_in_flight_tokens at 0 there.
         self.remove_skipped_blocks(req.req_id, max(0, total - req.num_in_flight_tokens))
-        num_blocks = self.num_blocks_to_allocate(req.req_id, need, hit, local, main_tokens=main)
+        num_blocks = self.num_blocks_to_allocate(req.req_id, need, hit, local, main_tokens=main,
+                                                 prefill_end=prefill_end)
         if num_blocks > self.pool.num_free_blocks:
             return None
         null = self.pool.null_block
@@ -535,7 +604,8 @@ class HybridKVCacheManager:
         checkpoints until ``remove_skipped_blocks`` frees them."""
         nsb, null = self.num_speculative_blocks, self.pool.null_block
         required = cdiv(main_tokens, g.block_size) + nsb
-        if required <= len(table):
+        checkpoint = 1 if req_id in g.checkpoints else 0  # its column gets a block, not null
+        if required <= len(table) and not checkpoint:
             if self.rules.mamba_retire:
                 g.allocated.add(req_id)
             return []
@@ -547,10 +617,10 @@ class HybridKVCacheManager:
             g.last_state_idx[req_id] = prev - 1
         num_skipped = required - nsb - 1
         if prev < num_skipped:
-            table.extend([null] * (num_skipped - prev))
+            table.extend([null] * max(0, num_skipped - checkpoint - prev))
         if allocated:
             for idx in range(prev - nsb, prev):
-                if idx >= num_skipped:
+                if idx >= num_skipped - checkpoint:
                     break
                 table.append(table[idx])
                 table[idx] = null
@@ -587,10 +657,11 @@ class HybridKVCacheManager:
                 out.append(junction - g.block_size)
         return out
 
-    def _mask(self, g: _Group, req: Request, start: int, end: int) -> list[bool] | None:
+    def _mask(self, g: _Group, boundaries, start: int, end: int) -> list[bool] | None:
         """Which of blocks ``start..end`` a sliding-window or Mamba group publishes (vLLM's
         reachable_block_mask): only blocks a future ``U``-aligned hit can read, at every ``U``
-        boundary (dense), once per retention interval, and at the reachable boundaries."""
+        boundary (dense), once per retention interval, and at the reachable ``boundaries``
+        (token positions; see ``_reachable_boundaries``)."""
         kind, interval = g.spec.kind, self.retention_interval
         if self.rules.writes == "all" or kind == "full_attention" or (
                 kind == "mamba" and (interval is None or not self.mamba_align)):
@@ -605,7 +676,7 @@ class HybridKVCacheManager:
                 first = (start + per_segment) // per_segment * per_segment - 1
                 for i in range(first - start, len(mask), per_segment):
                     mask[i] = True
-            for t in self._reachable_boundaries(req, g):
+            for t in boundaries:
                 i = t // U * U // b - 1
                 if start <= i < end:
                     mask[i - start] = True
@@ -621,7 +692,7 @@ class HybridKVCacheManager:
             for i in range(start, end):
                 mask[i - start] = i >= shift and (i - shift) % per_segment >= per_segment - need
         if interval is not None:
-            for t in self._reachable_boundaries(req, g):
+            for t in boundaries:
                 last = t // U * U // b + shift
                 for i in range(max(start, last - need), min(end, last)):
                     mask[i - start] = True
@@ -640,14 +711,42 @@ class HybridKVCacheManager:
             if (self.rules.partial_tail_hashes and g.spec.kind == "full_attention"
                     and g.block_size != self.hash_block_size):
                 self._cache_partial_tail(req, g, cacheable)
-            if g.spec.kind == "mamba" and self.mamba_align and self.rules.mamba_tail_rekey != "never":
+            if g.spec.kind != "mamba":
+                continue
+            if self.mamba_align and self.rules.mamba_tail_rekey != "never":
                 self._rekey_mamba_checkpoint(req, g, cacheable)
+            if num_cached < num_full:  # every state block of the range that carries a hash now
+                table, null = g.tables[req.req_id], self.pool.null_block
+                g.cached_this_step.update(table[i].block_hash for i in range(num_cached, num_full)
+                                          if table[i] is not null and table[i].block_hash is not None)
 
     def _rekey_mamba_checkpoint(self, req: Request, g: _Group, num_tokens: int) -> None:
-        """MambaManager._cache_partial_tail_block without internal checkpoints: the state at
-        the prompt's checkpoint position is (re-)registered under that prefix's hash, and
+        """MambaManager._cache_partial_tail_block: the checkpoint this step's chunk exports
+        from inside is keyed at its position, or unpublished when nothing keeps it (neither
+        the prompt's checkpoint, nor retained, nor the junction); without one, the state at
+        the prompt's checkpoint position is (re-)registered under that prefix's hash. Either
         counts as published in this step."""
         H = self.hash_block_size
+        internal = g.checkpoints.get(req.req_id)
+        if internal is not None:
+            position, idx = internal
+            blk = g.tables[req.req_id][idx]
+            prompt_checkpoint = position == mamba_checkpoint_position(
+                req.num_prompt_tokens, self.block_size, self.eagle_drop, self.hash_lookahead)
+            retained = False
+            if position % g.block_size == 0:
+                i = position // g.block_size - 1
+                mask = self._mask(g, (), i, i + 1)
+                retained = mask is None or mask[0]
+            if not (prompt_checkpoint or retained or position == req.shared_prefix_boundary):
+                self.pool.evict(blk)  # the running state overwrites it
+                return
+            if blk.hash_tokens == position:
+                return
+            key = req.block_hashes[position // H - 1] * len(self.groups) + g.gid
+            self.pool.cache_partial_block(blk, key, position, replace_existing_hashes=True)
+            g.cached_this_step.add(key)
+            return
         if num_tokens <= 0 or num_tokens % H:
             return
         latest = mamba_checkpoint_position(req.num_prompt_tokens, H, self.eagle_drop,
@@ -667,7 +766,8 @@ class HybridKVCacheManager:
 
     def _cache_full(self, req: Request, g: _Group, keys: list[int], num_cached: int,
                     num_full: int) -> None:
-        mask = self._mask(g, req, num_cached, num_full)
+        boundaries = self._reachable_boundaries(req, g) if g.spec.kind != "full_attention" else ()
+        mask = self._mask(g, boundaries, num_cached, num_full)
         table = g.tables[req.req_id]
         if mask is None:
             self.pool.cache_full_blocks(table, keys, num_cached, num_full, g.block_size)
@@ -675,10 +775,6 @@ class HybridKVCacheManager:
             for i, keep in zip(range(num_cached, num_full), mask):
                 if keep:
                     self.pool.cache_full_blocks(table, keys, i, i + 1, g.block_size)
-        if g.spec.kind == "mamba":  # every state block of the range that carries a hash now
-            null = self.pool.null_block
-            g.cached_this_step.update(table[i].block_hash for i in range(num_cached, num_full)
-                                      if table[i] is not null and table[i].block_hash is not None)
         g.num_cached[req.req_id] = num_full
 
     def _cache_partial_tail(self, req: Request, g: _Group, num_tokens: int) -> None:
@@ -706,6 +802,7 @@ class HybridKVCacheManager:
             g.allocated.discard(req.req_id)
             g.last_state_idx.pop(req.req_id, None)
             g.num_retired.pop(req.req_id, None)
+            g.checkpoints.pop(req.req_id, None)
             self.pool.free_blocks(reversed(table))  # null blocks are skipped there
 
     def block_ids(self, req_id: str) -> list[list[int]]:

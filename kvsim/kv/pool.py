@@ -216,17 +216,25 @@ class BlockPool:
             else:
                 self._insert_hash(key, blk, (i + 1) * block_size)
 
-    def cache_partial_block(self, blk: Block, key: int, num_tokens: int) -> None:
+    def cache_partial_block(self, blk: Block, key: int, num_tokens: int,
+                            replace_existing_hashes: bool = False) -> None:
         """Make ``blk`` reachable from a prefix boundary inside it (vLLM 0.32+'s partial entry).
 
-        A shorter entry the block already carries is replaced.
+        A shorter entry the block already carries is replaced; with
+        ``replace_existing_hashes`` (the block's contents were overwritten) every entry is.
         """
         if blk is self.null_block:
             return
         already = blk.block_hash == key or self._contains(key, blk)
-        if not already and blk.block_hash is not None and blk.hash_tokens < num_tokens:
+        if replace_existing_hashes or (
+                not already and blk.block_hash is not None and blk.hash_tokens < num_tokens):
             self._remove_hashes(blk)
         self._insert_hash(key, blk, num_tokens)
+
+    def evict(self, blk: Block) -> None:
+        """Unpublish ``blk`` (vLLM's _maybe_evict_cached_block): its contents are gone."""
+        if blk.block_hash is not None:
+            self._remove_hashes(blk)
 
     def _contains(self, key: int, blk: Block) -> bool:
         entry = self.cached.get(key)

@@ -45,7 +45,12 @@ def _mamba_groups(rng: random.Random, k: int) -> tuple[list[dict], int, int]:
     if rng.random() < 0.25:
         groups.append({"kind": "sliding_window", "block_size": b,
                        "sliding_window": rng.choice([8, 32, 100])})
-    return groups, b, 2 + k  # vLLM's start-up bound for an "align" Mamba state
+    # Mamba1 (the prefill stops at the checkpoint), Mamba2 (exported from inside a chunk at any
+    # offset) or GDN with FlashInfer (on the block grid); vLLM reserves a block for it.
+    alignment = rng.choice([None, 1, b])
+    if alignment is not None:
+        groups[1]["prefill_checkpoint_alignment"] = alignment
+    return groups, b, 2 + k + (alignment is not None)  # vLLM's start-up bound
 
 
 def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,

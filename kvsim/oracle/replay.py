@@ -14,7 +14,7 @@ import json
 from collections import deque
 
 from kvsim.assemble import assemble_scheduler
-from kvsim.config import SpecCfg, check_retention_interval
+from kvsim.config import SpecCfg, check_groups_for_release, check_retention_interval
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
 from kvsim.sched import Scheduler, SchedulerParams
@@ -48,8 +48,10 @@ def build(engine: dict, version: str) -> Scheduler:
                    disable_lookahead_block_hashes=sd.get("disable_lookahead_block_hashes", False),
                    parallel_drafting=sd.get("parallel_drafting", False))
     groups = [GroupSpec(kind=g["kind"], block_size=g["block_size"],
-                        sliding_window=g.get("sliding_window") or 0, eagle=g.get("eagle", False))
+                        sliding_window=g.get("sliding_window") or 0, eagle=g.get("eagle", False),
+                        prefill_checkpoint_alignment=g.get("prefill_checkpoint_alignment"))
               for g in e.get("kv_groups") or ()]
+    check_groups_for_release("engine.kv_groups", groups, sem)
     params = SchedulerParams(**{k: e[k] for k in (
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
         "long_prefill_token_threshold", "scheduling_policy", "scheduler_reserve_full_isl")},

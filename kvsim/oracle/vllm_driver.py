@@ -28,7 +28,10 @@ Input schema (every engine key is optional; the defaults are below):
                         default 1; > 1 is multi-module MTP)}
           kv_groups: [{kind: "full_attention" | "sliding_window" | "mamba",
                        block_size, sliding_window (sliding_window only),
-                       eagle (bool), num_layers (default 1)}, ...]
+                       eagle (bool), num_layers (default 1),
+                       prefill_checkpoint_alignment (mamba only: the spec's
+                       num_prefill_checkpoint_blocks = 1 with this alignment;
+                       0.32+)}, ...]
           mamba_cache_mode: "align" | "none" (default: "align" with prefix
                        caching, else "none"; read only when a mamba group exists)
           async_scheduling: bool (default false)
@@ -240,7 +243,14 @@ SPEC_KEYS = {
     *SPEC_FLAGS,
 }
 GROUP_KINDS = ("full_attention", "sliding_window", "mamba")
-GROUP_KEYS = {"kind", "block_size", "sliding_window", "eagle", "num_layers"}
+GROUP_KEYS = {
+    "kind",
+    "block_size",
+    "sliding_window",
+    "eagle",
+    "num_layers",
+    "prefill_checkpoint_alignment",
+}
 
 _MODEL_DIRS: dict[str, str] = {}
 
@@ -415,6 +425,18 @@ def _group_spec(g: dict, vllm_config, warnings: list[str], page_tokens: int):
             num_speculative_blocks=int(sc.num_speculative_tokens) if sc is not None else 0,
             page_size_padded=page_bytes,
         )
+        if g.get("prefill_checkpoint_alignment") is not None:
+            # As MambaMixer2 (alignment 1) and GDN with FlashInfer (the block grid)
+            # build theirs.
+            if "num_prefill_checkpoint_blocks" not in {
+                f.name for f in dataclasses.fields(kvi.MambaSpec)
+            }:
+                raise ValueError(
+                    "kv_groups: prefill_checkpoint_alignment needs a vLLM with "
+                    "MambaSpec.num_prefill_checkpoint_blocks"
+                )
+            kw["num_prefill_checkpoint_blocks"] = 1
+            kw["prefill_checkpoint_alignment"] = int(g["prefill_checkpoint_alignment"])
         mode = getattr(vllm_config.cache_config, "mamba_cache_mode", None)
         if mode is not None:
             kw["mamba_cache_mode"] = mode
