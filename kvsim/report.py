@@ -103,10 +103,16 @@ def _rule(run: Run) -> str:
     size, how = run.alignment()
     unit = f"hit alignment {how} = {_n(size)} tokens" if how != "block_size" else f"block_size {size}"
     try:
-        setup = spec_setup(parse_scenario(run.resolved, run.folder / "scenario.resolved.toml"))
+        sc = parse_scenario(run.resolved, run.folder / "scenario.resolved.toml")
     except ConfigError:
         return unit
+    setup = spec_setup(sc)
     version = run.summary["vllm_version"]
+    retention = sc.engine.prefix_cache_retention_interval
+    if retention != "dense" and any(g.kind != "full_attention" for g in sc.engine.kv_groups or ()):
+        unit += (", sliding-window/Mamba checkpoints kept only at replay boundaries and "
+                 "shared-prefix junctions" + (f" and every {_n(int(retention))} tokens" if retention else "")
+                 + f" (prefix_cache_retention_interval = {retention})")
     if setup.eagle_drop:
         return f"{unit} with the EAGLE last-block drop (vLLM {version})"
     if setup.hash_lookahead:

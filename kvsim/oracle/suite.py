@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"kvsim: error: {exc.where}: {exc.what}", file=sys.stderr)
             return 2
+        if args.count and not compared and mixes_for(version, only):
+            # Every scenario refused: the driver itself failed (e.g. an engine default it does
+            # not reproduce), which must not pass as "0 mismatching".
+            print(f"vLLM {version}: no trace compared, {refused} refused", file=sys.stderr)
+            total_bad += 1
         total += compared
         total_bad += bad
         print(f"vLLM {version}: {compared} traces compared ({stalls} ending in vLLM's own "

@@ -469,8 +469,61 @@ def _batch_queue_rule() -> str:
     raise RuntimeError("unrecognised EngineCore.step_with_batch_queue in this vLLM")
 
 
+# The CacheConfig / SchedulerConfig fields build_scheduler always sets itself (it sets
+# mamba_cache_mode whenever a Mamba group makes it matter; 0.33's EngineArgs no longer
+# passes it on); every other field keeps its class default, which must be what EngineArgs
+# gives the engine (see engine_default_gaps).
+CACHE_FIELDS_SET = {"block_size", "enable_prefix_caching", "mamba_cache_mode"}
+SCHEDULER_FIELDS_SET = {
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "is_encoder_decoder",
+    "enable_chunked_prefill",
+    "long_prefill_token_threshold",
+    "policy",
+    "scheduler_reserve_full_isl",
+    "async_scheduling",
+}
+_ENGINE_DEFAULT_GAPS: list[str] | None = None
+
+
+def engine_default_gaps() -> list[str]:
+    """The CacheConfig / SchedulerConfig fields whose EngineArgs default (what `vllm
+    serve` and LLM(...) start from) differs from the class default the driver leaves
+    them at. A referee built from class defaults would miss such an engine-level
+    default by construction (0.33's KVCacheConfig.prefix_cache_retention_interval was
+    one: None by hand, 0 from the planner), so any gap stops the driver."""
+    global _ENGINE_DEFAULT_GAPS
+    if _ENGINE_DEFAULT_GAPS is None:
+        from vllm.engine.arg_utils import EngineArgs
+
+        args = EngineArgs(model=_model_dir(), skip_tokenizer_init=True)
+        gaps = []
+        for cls, done in ((CacheConfig, CACHE_FIELDS_SET), (SchedulerConfig, SCHEDULER_FIELDS_SET)):
+            for f in dataclasses.fields(cls):
+                if f.name in done or not f.init or not hasattr(args, f.name):
+                    continue
+                default = f.default
+                if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                    default = f.default_factory()  # type: ignore[misc]
+                if type(default).__name__ == "FieldInfo":  # a pydantic Field(...)
+                    factory = getattr(default, "default_factory", None)
+                    default = factory() if factory is not None else default.default
+                if default is dataclasses.MISSING:
+                    continue
+                value = getattr(args, f.name)
+                if value != default:
+                    gaps.append(f"{cls.__name__}.{f.name}: EngineArgs {value!r}, class {default!r}")
+        _ENGINE_DEFAULT_GAPS = gaps
+    return _ENGINE_DEFAULT_GAPS
+
+
 def build_scheduler(engine: dict):
     """Return (scheduler, request_block_hasher or None, warnings, info)."""
+    gaps = engine_default_gaps()
+    if gaps:
+        raise RuntimeError("engine defaults the driver does not reproduce: " + "; ".join(gaps))
     e = dict(ENGINE_DEFAULTS)
     unknown = set(engine) - set(ENGINE_DEFAULTS) - set(ENGINE_OPTIONAL)
     if unknown:
