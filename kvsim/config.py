@@ -373,8 +373,7 @@ class EngineCfg:
     @property
     def retention_interval(self) -> int | None:
         """The setting as vLLM's KVCacheConfig holds it (None: dense)."""
-        v = self.prefix_cache_retention_interval
-        return None if v == "dense" else int(v)
+        return vllm_retention(self.prefix_cache_retention_interval)
 
     @property
     def semantics(self) -> Semantics:
@@ -776,8 +775,9 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if groups:
         # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.
         in_flight = mnbt * (2 if e["async_scheduling"] and sem.has_max_in_flight_tokens else 1)
-        spec = raw.get("speculative") or {}
-        nsb = int(spec.get("num_speculative_tokens") or 0) if method != "none" else 0
+        k = (raw.get("speculative") or {}).get("num_speculative_tokens")
+        # Mamba's speculative state blocks (k is checked with [speculative] below).
+        nsb = k if method != "none" and isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
         needed = sum(g.max_blocks_per_request(mml, in_flight, nsb, e["enable_prefix_caching"])
                      for g in groups)
     else:
@@ -791,7 +791,7 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     check_groups_for_release(f"{where}.kv_groups", groups, sem)
     e["prefix_cache_retention_interval"] = check_retention_interval(
         f"{where}.prefix_cache_retention_interval", e["prefix_cache_retention_interval"], sem,
-        groups, e["block_size"])
+        groups)
     return _build(EngineCfg, e)
 
 
@@ -803,8 +803,13 @@ def check_groups_for_release(where: str, groups, sem: Semantics) -> None:
                               "has no prefill checkpoints inside a chunk (0.32 and later)")
 
 
+def vllm_retention(value: int | str) -> int | None:
+    """prefix_cache_retention_interval as vLLM holds it: ``"dense"`` is its None."""
+    return None if value == "dense" else int(value)
+
+
 def check_retention_interval(where: str, value: int | str | None, sem: Semantics,
-                             groups, block_size: int) -> int | str:
+                             groups) -> int | str:
     """The release's default when ``value`` is None, else ``value`` if vLLM accepts it
     (kv_cache_coordinator.py _validate_prefix_cache_retention_interval, 0.32+)."""
     if value is None:

@@ -22,7 +22,10 @@ Mirrors vLLM's ``HybridKVCacheCoordinator`` and its per-type managers:
 * a Mamba group keeps one state block per request (plus ``num_speculative_blocks``) and, in
   "align" mode (prefix caching on), checkpoints the state at block-aligned chunk ends: a hit
   is the last cached checkpoint, null-padded before it; older states are freed as the request
-  advances, and a checkpoint published in this step is not hittable until the next one.
+  advances, and a checkpoint published in this step is not hittable until the next one;
+  Mamba2/GDN layers (``prefill_checkpoint_alignment``, 0.32+) write the checkpoint from inside
+  the chunk that reaches the prefill end, into a block reserved for it, so that chunk is not
+  cut there.
 
 Every group draws on the same ``BlockPool``; each group keeps its own block tables.
 """

@@ -14,7 +14,7 @@ import json
 from collections import deque
 
 from kvsim.assemble import assemble_scheduler
-from kvsim.config import SpecCfg, check_groups_for_release, check_retention_interval
+from kvsim.config import SpecCfg, check_groups_for_release, check_retention_interval, vllm_retention
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
 from kvsim.sched import Scheduler, SchedulerParams
@@ -58,11 +58,11 @@ def build(engine: dict, version: str) -> Scheduler:
         async_scheduling=bool(e.get("async_scheduling", False)))
     retention = check_retention_interval(
         "engine.prefix_cache_retention_interval", e.get("prefix_cache_retention_interval"), sem,
-        groups, e["block_size"])
+        groups)
     return assemble_scheduler(sem, params, spec, num_gpu_blocks=e["num_gpu_blocks"],
                               block_size=e["block_size"], enable_caching=e["enable_prefix_caching"],
                               kv_groups=groups,
-                              retention_interval=None if retention == "dense" else int(retention))
+                              retention_interval=vllm_retention(retention))
 
 
 def _accept(req: Request, num_drafts: int) -> int:
