@@ -132,6 +132,10 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
         })
         if k:
             requests[-1]["accepted"] = [rng.randint(0, k) for _ in range(rng.randint(1, 4))]
+    if hybrid and rng.random() < 0.4:
+        # Checkpoint retention other than the release's default: dense (any release) or
+        # periodic (0.32+; an older release refuses the setting and the case is skipped).
+        engine["prefix_cache_retention_interval"] = rng.choice(["dense", U, 2 * U, 4 * U])
     if spec and engine["speculative"]["method"] in ("eagle", "eagle3", "mtp") and rng.random() < 0.3:
         # 0.33: back from lookahead block hashes to the block drop (other releases drop anyway).
         engine["speculative"]["disable_lookahead_block_hashes"] = True
