@@ -99,11 +99,15 @@ class Semantics:
     # batch as still running, the GPU-busy order); 0.32+ also when nothing executed but the
     # scheduler has requests (0.32 :753-758).
     batch_queue_fill_requires_execution: bool
-    # CacheConfig.prefix_cache_retention_interval (0.32+, vllm/config/cache.py; the planner
-    # copies it into KVCacheConfig, v1/core/kv_cache_utils.py get_kv_cache_config_from_groups,
-    # 0.33: v1/core/kv_cache_planning.py): which sliding-window and Mamba checkpoints are
-    # published. The release's default (0: replay boundaries and shared-prefix junctions only);
-    # None: dense, every U boundary (0.19/0.22, which have no such setting).
+    # CacheConfig.prefix_cache_retention_interval (vllm/config/cache.py; the planner copies it
+    # into KVCacheConfig: 0.32 v1/core/kv_cache_utils.py get_kv_cache_config_from_groups, 0.33
+    # v1/core/kv_cache_planning.py; the coordinator reads it, v1/core/kv_cache_coordinator.py,
+    # and the managers' reachable_block_mask apply it): which sliding-window and Mamba
+    # checkpoints are published. The release's default, 0 (replay boundaries and shared-prefix
+    # junctions only), or None: dense, every U boundary. History (read from the wheels): 0.19
+    # and 0.22 have nothing (dense); 0.23-0.28 an environment variable,
+    # VLLM_PREFIX_CACHE_RETENTION_INTERVAL, unset = dense (envs.py); 0.29 the CacheConfig
+    # field, default 0 (the variable deprecated); 0.30+ Field(default=0).
     has_prefix_cache_retention_interval: bool
     default_prefix_cache_retention_interval: int | None
     # MambaSpec.num_prefill_checkpoint_blocks / prefill_checkpoint_alignment (0.32+): Mamba2
