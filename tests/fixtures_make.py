@@ -59,10 +59,12 @@ def main() -> int:
             flags = set(mix.split(",")) if mix else set()
             hybrid = "mamba" if "mamba" in flags else "hybrid" in flags
             scenarios.append(random_scenario(int(seed), spec="spec" in flags, hybrid=hybrid,
+                                             version=args.version,
                                              async_scheduling="async" in flags))
     else:
         hybrid = "mamba" if args.mamba else args.hybrid
-        scenarios = [random_scenario(s, spec=args.spec, hybrid=hybrid, async_scheduling=args.async_)
+        scenarios = [random_scenario(s, spec=args.spec, hybrid=hybrid, async_scheduling=args.async_,
+                                     version=args.version)
                      for s in range(args.first_seed, args.first_seed + args.count)]
     tag = "-regressions" if args.cases else "".join(
         t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid), ("-mamba", args.mamba),

@@ -80,7 +80,7 @@ def test_invariants_with_spec_decoding_and_hybrid_groups(seed, spec, hybrid, ver
 
     is_async = version.endswith("-async")
     version = version.removesuffix("-async")
-    sc = random_scenario(seed, spec=spec, hybrid=hybrid, async_scheduling=is_async)
+    sc = random_scenario(seed, spec=spec, hybrid=hybrid, async_scheduling=is_async, version=version)
     if version == "0.19.0" and hybrid and spec:
         return  # 0.19 asserts (crashes) on EAGLE with a sliding window finer than U
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import random
 
+from kvsim.semantics import semantics_for
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -37,7 +39,7 @@ def _groups(rng: random.Random, mml: int, budget: int) -> tuple[list[dict], int,
     return groups, U, need
 
 
-def _mamba_groups(rng: random.Random, k: int) -> tuple[list[dict], int, int]:
+def _mamba_groups(rng: random.Random, k: int, checkpoints: bool) -> tuple[list[dict], int, int]:
     """A Mamba layout as vLLM builds one: every group on the Mamba block size."""
     b = rng.choice([8, 16, 32, 64])
     groups = [{"kind": "full_attention", "block_size": b, "eagle": rng.random() < 0.5},
@@ -47,17 +49,22 @@ def _mamba_groups(rng: random.Random, k: int) -> tuple[list[dict], int, int]:
                        "sliding_window": rng.choice([8, 32, 100])})
     # Mamba1 (the prefill stops at the checkpoint), Mamba2 (exported from inside a chunk at any
     # offset) or GDN with FlashInfer (on the block grid); vLLM reserves a block for it.
-    alignment = rng.choice([None, 1, b])
+    alignment = rng.choice([None, 1, b])  # drawn for every release alike
+    if not checkpoints:
+        alignment = None
     if alignment is not None:
         groups[1]["prefill_checkpoint_alignment"] = alignment
     return groups, b, 2 + k + (alignment is not None)  # vLLM's start-up bound
 
 
 def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
-                    async_scheduling: bool = False) -> dict:
+                    async_scheduling: bool = False, version: str | None = None) -> dict:
     """A seeded scenario; ``spec`` adds speculative decoding, ``hybrid`` a multi-group layout
     (``"mamba"``: one with a Mamba group), ``async_scheduling`` vLLM's asynchronous
-    scheduler."""
+    scheduler. With ``version``, settings that release lacks (Mamba checkpoints inside a
+    chunk, a periodic retention interval) are left out; the draws are the same, so a seed
+    gives every release the same scenario otherwise."""
+    sem = semantics_for(version) if version is not None else None
     rng = random.Random(seed)
     b = rng.choice([4, 8, 16, 32])
     mml = rng.choice([128, 256, 512, 1024])
@@ -88,7 +95,7 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
         engine["max_num_batched_tokens"] = budget = max(budget, 8 * (k + 1))
         engine["max_num_seqs"] = min(engine["max_num_seqs"], budget)
     if hybrid == "mamba":
-        groups, U, need = _mamba_groups(rng, k)
+        groups, U, need = _mamba_groups(rng, k, sem is None or sem.has_mamba_prefill_checkpoints)
         need += sum(cdiv(mml, g["block_size"]) for g in groups if g["kind"] != "mamba")
         engine["kv_groups"] = groups
         engine["block_size"] = b = U
@@ -135,7 +142,9 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
     if hybrid and rng.random() < 0.4:
         # Checkpoint retention other than the release's default: dense (any release) or
         # periodic (0.32+; an older release refuses the setting and the case is skipped).
-        engine["prefix_cache_retention_interval"] = rng.choice(["dense", U, 2 * U, 4 * U])
+        retention = rng.choice(["dense", U, 2 * U, 4 * U])
+        if retention == "dense" or sem is None or sem.has_prefix_cache_retention_interval:
+            engine["prefix_cache_retention_interval"] = retention
     if spec and engine["speculative"]["method"] in ("eagle", "eagle3", "mtp") and rng.random() < 0.3:
         # 0.33: back from lookahead block hashes to the block drop (other releases drop anyway).
         engine["speculative"]["disable_lookahead_block_hashes"] = True

@@ -68,7 +68,8 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
     for i in range(count):
         seed = first_seed + i
         spec, hybrid, is_async = mixes[i % len(mixes)]
-        sc = random_scenario(seed, spec=spec, hybrid=hybrid, async_scheduling=is_async)
+        sc = random_scenario(seed, spec=spec, hybrid=hybrid, async_scheduling=is_async,
+                             version=version)
         try:
             build(sc["engine"], version)
         except ConfigError:
