@@ -164,6 +164,15 @@ GROUP_KEYS = (
 SPEC_METHODS = ("none", "ngram", "eagle", "eagle3", "mtp", "draft_model")
 EAGLE_METHODS = ("eagle", "eagle3", "mtp")
 
+
+def num_prefill_lookahead(method: str, k: int, num_nextn_predict_layers: int, sem: Semantics) -> int:
+    """vLLM 0.32+'s num_prefill_lookahead_tokens: how far an EAGLE-family drafter reads past
+    a prefill chunk (1; k for multi-module MTP, each module one token further)."""
+    if method not in EAGLE_METHODS or not sem.has_prefill_lookahead:
+        return 0
+    return k if method == "mtp" and min(num_nextn_predict_layers, k) > 1 else 1
+
+
 SPECULATIVE_KEYS = (
     Key("method", "str", "none", "Speculative decoding method, as vLLM's `--speculative-config` "
         "`method`.", choices=SPEC_METHODS),
@@ -776,9 +785,11 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
         # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.
         in_flight = mnbt * (2 if e["async_scheduling"] and sem.has_max_in_flight_tokens else 1)
         k = (raw.get("speculative") or {}).get("num_speculative_tokens")
-        # Mamba's speculative state blocks (k is checked with [speculative] below).
+        # Mamba's speculative state blocks and a window's re-prefillable tail (k is checked
+        # with [speculative] below).
         nsb = k if method != "none" and isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
-        needed = sum(g.max_blocks_per_request(mml, in_flight, nsb, e["enable_prefix_caching"])
+        extra = max(0, num_prefill_lookahead(method, nsb, model.num_nextn_predict_layers, sem) - 1)
+        needed = sum(g.max_blocks_per_request(mml, in_flight, nsb, e["enable_prefix_caching"], extra)
                      for g in groups)
     else:
         needed = -(-mml // e["block_size"])

@@ -18,7 +18,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from kvsim.config import Scenario, SpecCfg
+from kvsim.config import Scenario, SpecCfg, num_prefill_lookahead
 from kvsim.errors import ConfigError
 from kvsim.request import Request
 from kvsim.sched import SpecParams
@@ -51,10 +51,7 @@ def derive_spec(s: SpecCfg, sem: Semantics, enable_caching: bool, scheduler_bloc
         slots = k if s.parallel_drafting else 1
     else:
         slots = k - 1 if s.parallel_drafting else 0
-    multi_module_mtp = s.method == "mtp" and min(num_nextn_predict_layers, k) > 1
-    prefill_lookahead = 0
-    if s.eagle_family and sem.has_prefill_lookahead:
-        prefill_lookahead = k if multi_module_mtp else 1
+    prefill_lookahead = num_prefill_lookahead(s.method, k, num_nextn_predict_layers, sem)
     hash_lookahead = 0
     if (s.eagle_family and sem.eagle_prefix_rule == "lookahead" and enable_caching
             and not s.disable_eagle_block_drop and not s.disable_lookahead_block_hashes):

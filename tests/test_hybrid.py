@@ -411,3 +411,21 @@ def test_mamba_prefill_checkpoints_need_032():
     with pytest.raises(ConfigError) as exc:
         parse_scenario(raw)
     assert "only for mamba groups" in exc.value.what
+
+
+def test_window_keeps_the_multi_module_mtp_tail():
+    # vLLM 0.32+'s SlidingWindowManager.get_num_skipped_tokens: computed - w + 1 -
+    # extra_retained_tokens, with extra = num_prefill_lookahead - 1 = k - 1 for multi-module
+    # MTP. w = 32, b = 16, k = 2: at 47 computed tokens 16 are skipped without the tail (block
+    # 0 freed), 15 with it (kept); the admission cap counts the extra token too.
+    from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
+    from kvsim.kv.pool import BlockPool
+    groups = [GroupSpec("full_attention", 16), GroupSpec("sliding_window", 16, sliding_window=32)]
+    for extra, skipped in ((0, 16), (1, 15)):
+        kv = HybridKVCacheManager(BlockPool(100, True, True), groups, 4096, True,
+                                  num_reprefillable=extra)
+        assert kv.groups[1].num_skipped_tokens(47) == skipped
+    # The start-up bound: cdiv(min(w - 1 + extra + in_flight, max_model_len), b) + 1.
+    assert groups[1].max_blocks_per_request(4096, 64, extra_retained_tokens=1) == 7  # 96 tokens
+    assert groups[1].max_blocks_per_request(4096, 64) == 7  # 95 tokens
+    assert groups[1].max_blocks_per_request(4096, 65, extra_retained_tokens=1) == 8  # 97 tokens

@@ -84,6 +84,9 @@ REGRESSIONS = {
                                          "group also keeps the tail one of its blocks below a "
                                          "shared-prefix junction (0.32 does not)",
     ("vllm-0.33.0-regressions", 100243): "same, for a Mamba group's state",
+    ("vllm-0.33.0-regressions", 800274): "multi-module MTP (k = 2): a sliding window keeps the "
+                                         "k - 1 re-prefillable tokens below it "
+                                         "(extra_retained_tokens)",
 }
 
 

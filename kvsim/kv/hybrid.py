@@ -96,13 +96,15 @@ class GroupSpec:
     prefill_checkpoint_alignment: int | None = None
 
     def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int,
-                               num_speculative_blocks: int = 0, mamba_align: bool = False) -> int:
+                               num_speculative_blocks: int = 0, mamba_align: bool = False,
+                               extra_retained_tokens: int = 0) -> int:
         """Blocks vLLM's start-up check reserves for one ``max_model_len`` request (the
         specs' max_memory_usage_bytes): a window's recycled blocks plus one for a window
         not starting on a block; a Mamba state (two in "align" mode: the previous and the
         current one) plus the speculative state blocks."""
         if self.kind == "sliding_window":
-            tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
+            tokens = min(self.sliding_window - 1 + extra_retained_tokens + max_in_flight_tokens,
+                         max_model_len)
             return cdiv(tokens, self.block_size) + 1
         if self.kind == "mamba":
             if not mamba_align:
@@ -173,6 +175,9 @@ class _Group:
         self.tables: dict[str, list[Block]] = {}
         self.num_cached: dict[str, int] = {}
         self.use_eagle = False  # set by the coordinator: drop-mode EAGLE group
+        # Sliding window: tokens kept below the window for multi-module MTP's re-prefill
+        # (vLLM 0.32+'s SlidingWindowSpec.extra_retained_tokens; set by the manager).
+        self.extra_retained = 0
         # Mamba "align" bookkeeping (vLLM's MambaManager): requests that got their first
         # state blocks, the state block of the previous step, how far old states were retired,
         # and the keys published in this step (not hittable until the next one, #29387).
@@ -184,8 +189,8 @@ class _Group:
         self.checkpoints: dict[str, tuple[int, int]] = {}
 
     def num_skipped_tokens(self, num_computed: int) -> int:
-        if self.spec.kind == "sliding_window":
-            return max(0, num_computed - self.spec.sliding_window + 1)
+        if self.spec.kind == "sliding_window":  # the window, and the re-prefillable tail below it
+            return max(0, num_computed - self.spec.sliding_window + 1 - self.extra_retained)
         if self.spec.kind == "mamba":
             return num_computed - 1  # only the state after the last computed token is needed
         return 0
@@ -210,6 +215,9 @@ class HybridKVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.num_reprefillable = num_reprefillable
+        for g in self.groups:
+            if g.spec.kind == "sliding_window":
+                g.extra_retained = num_reprefillable
         self.max_in_flight_tokens = max_in_flight_tokens
         self.rules = rules
         # prefix_cache_retention_interval: None = dense, 0 = semantic checkpoints only, > 0 =
@@ -438,7 +446,8 @@ class HybridKVCacheManager:
             num_tokens += g.block_size * self.num_speculative_blocks
         required = cdiv(num_tokens, g.block_size)
         if admission_cap and g.spec.kind == "sliding_window" and self.rules.swa_admission_cap:
-            cap_tokens = min(g.spec.sliding_window - 1 + self.max_in_flight_tokens, self.max_model_len)
+            cap_tokens = min(g.spec.sliding_window - 1 + g.extra_retained + self.max_in_flight_tokens,
+                             self.max_model_len)
             required = min(required, cdiv(cap_tokens, g.block_size) + 1)  # vLLM's admission cap
         held = len(g.tables.get(req_id, ()))
         if req_id in g.num_cached:

@@ -145,6 +145,14 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
         retention = rng.choice(["dense", U, 2 * U, 4 * U])
         if retention == "dense" or sem is None or sem.has_prefix_cache_retention_interval:
             engine["prefix_cache_retention_interval"] = retention
+    if spec and engine["speculative"]["method"] == "mtp" and rng.random() < 0.3:
+        # Multi-module MTP: k modules, each reading one token further (prefill look-ahead k);
+        # the scheduler block must hold k, as vLLM requires with prefix caching.
+        k2 = rng.randint(2, 3)
+        if engine["block_size"] >= k2 and engine["max_num_batched_tokens"] > 8 * (k2 + 1):
+            engine["speculative"].update(num_speculative_tokens=k2, mtp_num_layers=k2)
+            for r in requests:
+                r["accepted"] = [rng.randint(0, k2) for _ in r["accepted"]]
     if spec and engine["speculative"]["method"] in ("eagle", "eagle3", "mtp") and rng.random() < 0.3:
         # 0.33: back from lookahead block hashes to the block drop (other releases drop anyway).
         engine["speculative"]["disable_lookahead_block_hashes"] = True

@@ -62,7 +62,8 @@ def build(engine: dict, version: str) -> Scheduler:
     return assemble_scheduler(sem, params, spec, num_gpu_blocks=e["num_gpu_blocks"],
                               block_size=e["block_size"], enable_caching=e["enable_prefix_caching"],
                               kv_groups=groups,
-                              retention_interval=vllm_retention(retention))
+                              retention_interval=vllm_retention(retention),
+                              num_nextn_predict_layers=int(sd.get("mtp_num_layers", 1)))
 
 
 def _accept(req: Request, num_drafts: int) -> int:
