@@ -141,7 +141,7 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
             requests[-1]["accepted"] = [rng.randint(0, k) for _ in range(rng.randint(1, 4))]
     if hybrid and rng.random() < 0.4:
         # Checkpoint retention other than the release's default: dense (any release) or
-        # periodic (0.32+; an older release refuses the setting and the case is skipped).
+        # periodic (0.32+; left out for an older release, whose checkpoints are dense).
         retention = rng.choice(["dense", U, 2 * U, 4 * U])
         if retention == "dense" or sem is None or sem.has_prefix_cache_retention_interval:
             engine["prefix_cache_retention_interval"] = retention

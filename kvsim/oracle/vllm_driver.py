@@ -805,11 +805,7 @@ def _plan_kv_cache_config(vllm_config, groups: list, num_blocks: int):
         names = [m.name for m in KVCacheLayout if m.is_block_outermost]
         resolve_kv_cache_layout(vllm_config, [names], layer_specs.values())
     # Memory is moot under the override; give the planner exactly that much.
-    per_block = sum(
-        spec.page_size_bytes * len(group.layer_names)
-        for group in groups
-        for spec in [group.kv_cache_spec]
-    )
+    per_block = sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
     memory = num_blocks * per_block
     params = inspect.signature(planning.get_kv_cache_configs).parameters
     if "global_kv_cache_groups" in params:
