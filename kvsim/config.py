@@ -789,8 +789,9 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
         # with [speculative] below).
         nsb = k if method != "none" and isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
         extra = max(0, num_prefill_lookahead(method, nsb, model.num_nextn_predict_layers, sem) - 1)
-        needed = sum(g.max_blocks_per_request(mml, in_flight, nsb, e["enable_prefix_caching"], extra)
-                     for g in groups)
+        needed = sum(g.max_blocks_per_request(mml, in_flight, num_speculative_blocks=nsb,
+                                              mamba_align=e["enable_prefix_caching"],
+                                              extra_retained_tokens=extra) for g in groups)
     else:
         needed = -(-mml // e["block_size"])
     if needed > usable:

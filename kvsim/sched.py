@@ -279,9 +279,11 @@ class Scheduler:
         # 0.32+: get_mamba_prefill_checkpoint_position, then the mandatory stops; a chunk that
         # reaches the prefill end and can export the checkpoint from inside need not stop there.
         last = mamba_checkpoint_position(req.num_tokens, b, kv.eagle_drop, kv.hash_lookahead)
-        internal = end >= prefill_end and mamba_checkpoint_exportable(
-            start, end, mamba_checkpoint_position(prefill_end, b, kv.eagle_drop, kv.hash_lookahead),
-            kv.hash_block_size, b, kv.mamba_checkpoint_alignment)
+        internal = (kv.mamba_checkpoint_alignment is not None and end >= prefill_end
+                    and mamba_checkpoint_exportable(
+                        start, end,
+                        mamba_checkpoint_position(prefill_end, b, kv.eagle_drop, kv.hash_lookahead),
+                        kv.hash_block_size, b, kv.mamba_checkpoint_alignment))
         if internal:
             last = 0
         if end < prefill_end:

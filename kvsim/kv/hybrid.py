@@ -32,6 +32,7 @@ Every group draws on the same ``BlockPool``; each group keeps its own block tabl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import gcd, lcm
 
@@ -472,11 +473,13 @@ class HybridKVCacheManager:
         nsb = self.num_speculative_blocks
         required = cdiv(main_tokens, g.block_size) + nsb
         num_new = required - len(hit) - len(g.tables.get(req_id, ()))
-        checkpoint = mamba_checkpoint_position(main_tokens, self.block_size, self.eagle_drop,
-                                               self.hash_lookahead)
-        if not self._needs_internal_checkpoint(g, req_id, total_computed, main_tokens, checkpoint,
-                                               prefill_end):
-            checkpoint = 0
+        checkpoint = 0
+        if self.mamba_checkpoint_alignment is not None:
+            checkpoint = mamba_checkpoint_position(main_tokens, self.block_size, self.eagle_drop,
+                                                   self.hash_lookahead)
+            if not self._needs_internal_checkpoint(g, req_id, total_computed, main_tokens,
+                                                   checkpoint, prefill_end):
+                checkpoint = 0
         if not admission_cap:
             if checkpoint:
                 g.checkpoints[req_id] = (checkpoint, cdiv(main_tokens, g.block_size) - 2)
@@ -491,7 +494,7 @@ class HybridKVCacheManager:
                                    checkpoint: int, prefill_end: int) -> bool:
         """MambaManager._needs_internal_checkpoint: the chunk reaches ``prefill_end``, the
         layers can export ``checkpoint`` from inside it, and its block column is free."""
-        if self.mamba_checkpoint_alignment is None or query_end < prefill_end:
+        if query_end < prefill_end:
             return False
         b = g.block_size
         if not mamba_checkpoint_exportable(query_start, query_end, checkpoint, self.hash_block_size,
@@ -669,7 +672,8 @@ class HybridKVCacheManager:
                 out.append(junction - g.block_size)
         return out
 
-    def _mask(self, g: _Group, boundaries, start: int, end: int) -> list[bool] | None:
+    def _mask(self, g: _Group, boundaries: Sequence[int], start: int,
+              end: int) -> list[bool] | None:
         """Which of blocks ``start..end`` a sliding-window or Mamba group publishes (vLLM's
         reachable_block_mask): only blocks a future ``U``-aligned hit can read, at every ``U``
         boundary (dense), once per retention interval, and at the reachable ``boundaries``
@@ -755,7 +759,7 @@ class HybridKVCacheManager:
                 return
             if blk.hash_tokens == position:
                 return
-            key = req.block_hashes[position // H - 1] * len(self.groups) + g.gid
+            key = self._prefix_key(req, g, position)
             self.pool.cache_partial_block(blk, key, position, replace_existing_hashes=True)
             g.cached_this_step.add(key)
             return
@@ -772,9 +776,14 @@ class HybridKVCacheManager:
         blk = table[idx]
         if self.rules.mamba_tail_rekey == "unless_keyed" and blk.hash_tokens == num_tokens:
             return
-        key = req.block_hashes[num_tokens // H - 1] * len(self.groups) + g.gid
+        key = self._prefix_key(req, g, num_tokens)
         self.pool.cache_partial_block(blk, key, num_tokens)
         g.cached_this_step.add(key)
+
+    def _prefix_key(self, req: Request, g: _Group, num_tokens: int) -> int:
+        """Group ``g``'s map key for the prefix of ``num_tokens`` (a multiple of the hash block):
+        the fine hash ending there, with the group id folded in (a partial entry's key)."""
+        return req.block_hashes[num_tokens // self.hash_block_size - 1] * len(self.groups) + g.gid
 
     def _cache_full(self, req: Request, g: _Group, keys: list[int], num_cached: int,
                     num_full: int) -> None:
@@ -801,7 +810,7 @@ class HybridKVCacheManager:
         table = g.tables.get(req.req_id, ())
         idx = boundary // g.block_size
         if idx < len(table):
-            key = req.block_hashes[boundary // H - 1] * len(self.groups) + g.gid
+            key = self._prefix_key(req, g, boundary)
             self.pool.cache_partial_block(table[idx], key, boundary)
 
     # -- freeing and checks --------------------------------------------------------------
