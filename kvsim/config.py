@@ -12,20 +12,27 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from kvsim import presets, traces
+from kvsim import hf, presets, traces
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
+from kvsim.layout import KVLayout, derive_layout
+from kvsim.model import (
+    DTYPE_BYTES,
+    KV_CACHE_DTYPE_BYTES,
+    ModelCfg,
+    attention_page_bytes_per_token,
+    kv_bytes_per_token,
+)
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
 
 GiB = 1 << 30
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
-               "float8_e4m3fn": 1, "fp8": 1}
-KV_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}
+__all__ = ["ModelCfg", "kv_bytes_per_token", "DTYPE_BYTES", "KV_CACHE_DTYPE_BYTES"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +60,13 @@ RETENTION = 'int or "dense"'  # the type of prefix_cache_retention_interval
 
 MODEL_KEYS = (
     Key("preset", "str", None,
-        "Name of a shipped model preset (`kvsim presets`); any key below overrides it."),
+        "A shipped model preset (`kvsim presets`), by name or Hugging Face id (`Qwen/Qwen3-32B`): "
+        "a public config.json read as `config` is; any key below overrides it."),
+    Key("config", "str", None,
+        "A model's Hugging Face `config.json` (or a folder holding one), relative to the scenario: "
+        "kvsim reads what vLLM reads (layers and their kinds, heads, MLA, MoE, MTP layers, dtype), "
+        "counts the parameters from the shapes and derives the KV layout (`[[engine.kv_groups]]`, "
+        "block sizes) as vLLM does. Any key below overrides it."),
     Key("name", "str", "custom", "Label used in outputs."),
     Key("num_hidden_layers", "int", REQUIRED, "Decoder layers (HF `num_hidden_layers`).", low=1),
     Key("hidden_size", "int", REQUIRED, "Model width.", low=1),
@@ -77,14 +90,19 @@ MODEL_KEYS = (
     Key("qk_rope_head_dim", "int", 0, "MLA rotary key width.", low=0),
     Key("num_nextn_predict_layers", "int", 1, "MTP modules the checkpoint ships (more than one "
         "makes `mtp` multi-module).", low=0),
-    Key("mtp_params", "int", 0, "Parameters of one MTP module (information; the cost model "
-        "prices an MTP/EAGLE head as one average decoder layer).", low=0),
+    Key("mtp_params", "int", 0, "Parameters of one MTP module's own weights: its decoder layer, "
+        "input projection and norms (information; the cost model prices an MTP/EAGLE head as one "
+        "average decoder layer).", low=0),
 )
 
 HARDWARE_KEYS = (
     Key("preset", "str", None, "Name of a shipped hardware preset; any key below overrides it."),
     Key("name", "str", "custom", "Label used in outputs."),
     Key("device_name", "str", "", "Device name as torch reports it (information only)."),
+    Key("compute_capability", "str", None, "CUDA compute capability, `major.minor` (`9.0` for "
+        "Hopper, `10.0` for B200, `12.0` for RTX PRO 6000 / RTX 50, `8.9` Ada, `8.0` A100): vLLM "
+        "picks its attention kernels, and so MLA block sizes and a hybrid model's attention "
+        "block, by it. Needed for MLA and hybrid models."),
     Key("peak_flops_per_s", "float", REQUIRED, "Dense BF16/FP16 tensor-core peak, FLOP/s.",
         low=0, low_open=True),
     Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.",
@@ -100,7 +118,10 @@ HARDWARE_KEYS = (
 ENGINE_KEYS = (
     Key("vllm_version", "str", DEFAULT_VERSION, "The vLLM release whose accounting to reproduce.",
         choices=tuple(VERSIONS)),
-    Key("block_size", "int", 16, "Tokens per KV block (`--block-size`).", low=1),
+    Key("block_size", "int", None, "Tokens per KV block (`--block-size`). Default as vLLM: the "
+        "attention kernel's preferred size (16; 32 for MLA on Blackwell B200), raised for hybrid "
+        "models until an attention page holds a Mamba state. With `kv_groups`: the lcm of the "
+        "group block sizes.", low=1, derived=True),
     Key("num_gpu_blocks", "int", None,
         "The whole block pool, vLLM's reserved null block included (as `--num-gpu-blocks-override` "
         "means it). Left out: derived from memory like vLLM (see below).", low=2, derived=True),
@@ -132,7 +153,13 @@ ENGINE_KEYS = (
         "ngram drafting before 0.33 and draft_model drafting in 0.19/0.22 (`true` with ngram is "
         "refused before 0.33, as vLLM does).", derived=True),
     Key("kv_groups", "groups", None, "Hybrid layout: a list of `[[engine.kv_groups]]` tables (keys "
-        "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool."),
+        "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool. "
+        "Default: the layout vLLM builds for the model (from its config.json: sliding-window and "
+        "linear-attention layers), else one full-attention pool.", derived=True),
+    Key("mamba_cache_mode", "str", None, "How Mamba / GatedDeltaNet states are cached "
+        "(`--mamba-cache-mode`): `align` (prefix caching on), `none` (off); vLLM 0.19/0.22 also "
+        "have `all`, which GatedDeltaNet models turn into `align`. Default from "
+        "`enable_prefix_caching`, as vLLM sets it.", choices=("none", "align", "all"), derived=True),
     Key("prefix_cache_retention_interval", RETENTION, None, "Which sliding-window and Mamba "
         "checkpoints the prefix cache keeps (`--prefix-cache-retention-interval`, vLLM 0.32+): `0` "
         "only a prompt's replay boundary and the shared-prefix junctions lookups find; a positive "
@@ -316,37 +343,6 @@ SCHEMA: dict[str, tuple[Key, ...]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class ModelCfg:
-    name: str
-    num_hidden_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    num_params: int
-    dtype: str
-    max_position_embeddings: int
-    num_active_params: int | None = None
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    attention_type: str = "gqa"
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    num_nextn_predict_layers: int = 1
-    mtp_params: int = 0
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def active_params(self) -> int:
-        return self.num_active_params or self.num_params
-
-
-@dataclass(frozen=True, slots=True)
 class HardwareCfg:
     name: str
     device_name: str
@@ -355,6 +351,15 @@ class HardwareCfg:
     memory_bytes: int
     interconnect_bandwidth_bytes_per_s: float | None = None
     interconnect_latency_s: float = 5e-6
+    compute_capability: str | None = None
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """compute_capability as (major, minor), or None if not given."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,6 +383,8 @@ class EngineCfg:
     async_scheduling: bool
     kv_groups: tuple[GroupSpec, ...] | None = None
     prefix_cache_retention_interval: int | str = 0  # an interval >= 0 or "dense"
+    mamba_cache_mode: str = "none"
+    layout_notes: tuple[str, ...] = ()  # what vLLM logs when it derives the layout
 
     @property
     def retention_interval(self) -> int | None:
@@ -537,8 +544,9 @@ def _check_groups(where: str, value: Any) -> tuple:
                              num_layers=g["num_layers"],
                              prefill_checkpoint_alignment=g["prefill_checkpoint_alignment"]))
     mamba = [i for i, g in enumerate(out) if g.kind == "mamba"]
-    if len(mamba) > 1:
-        raise ConfigError(f"{where}[{mamba[1]}].kind", "at most one mamba group is supported")
+    if len({out[i].prefill_checkpoint_alignment for i in mamba}) > 1:
+        raise ConfigError(f"{where}[{mamba[1]}].prefill_checkpoint_alignment", "every mamba group "
+                          "must have the same (vLLM's Mamba layers share one checkpoint grid)")
     if mamba and len({g.block_size for g in out}) > 1:
         raise ConfigError(f"{where}[{mamba[0]}].block_size", "with a mamba group every group must "
                           "use the mamba block_size (vLLM's layout for Mamba models; sub-block "
@@ -662,23 +670,53 @@ def _build(cls, values: dict[str, Any]):
 
 
 def model_preset(name: str, where: str = "--model") -> ModelCfg:
-    """The model of shipped preset ``name``. Raises ConfigError naming ``where``."""
-    if presets.load("models", name) is None:
+    """The model of shipped preset ``name`` (or its Hugging Face id). Raises ConfigError
+    naming ``where``."""
+    data = presets.load("models", name)
+    if data is None:
         known = presets.names("models")
-        raise ConfigError(where, f"unknown model preset {name!r}; known: {', '.join(known)}")
-    return _build(ModelCfg, _section({"model": {"preset": name}}, "model", where))
+        raise ConfigError(where, f"unknown model preset {name!r}{_suggest(name, known)}; "
+                          f"known: {', '.join(known)}")
+    return hf.model_from_config(data["config"], f"kvsim/presets/models/{data['name']}.json",
+                                name=data["name"], hf_id=data.get("hf_id", ""),
+                                preset=data["name"])
 
 
-def kv_bytes_per_token(model: ModelCfg, engine_kv_dtype: str, tp: int) -> int:
-    """Bytes of K and V per token across all layers, on one GPU of the replica."""
-    if engine_kv_dtype != "auto":
-        dtype_bytes = KV_CACHE_DTYPE_BYTES[engine_kv_dtype]
-    else:  # an fp8 checkpoint still keeps its KV cache in 16 bits unless told otherwise
-        dtype_bytes = max(2, model.dtype_bytes)
-    if model.attention_type == "mla":
-        return model.num_hidden_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * dtype_bytes
-    kv_heads = max(1, model.num_key_value_heads // tp)
-    return 2 * model.num_hidden_layers * kv_heads * model.head_dim * dtype_bytes
+def model_from_path(path: str | Path, where: str) -> ModelCfg:
+    """The model of a config.json (or a folder holding one). Raises ConfigError."""
+    data, p = hf.read_config_file(path)
+    return hf.model_from_config(data, str(p), name=p.parent.name, config=str(p.resolve()))
+
+
+def _model(raw: dict, file: str, base: Path | None) -> ModelCfg:
+    """[model]: a preset or a config.json, with keys overriding it, or every key by hand."""
+    table = raw.get("model", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{file}: model", "must be a table ([model])")
+    where = f"{file}: model"
+    if "preset" in table and "config" in table:
+        raise ConfigError(f"{where}.config", "give preset or config, not both")
+    if "preset" not in table and "config" not in table:
+        return _build(ModelCfg, _section(raw, "model", file))
+    keys = {k.name: k for k in MODEL_KEYS}
+    for name in table:
+        if name not in keys:
+            raise ConfigError(f"{where}.{name}", f"unknown key{_suggest(name, list(keys))}")
+    if "preset" in table:
+        name = _check_value(f"{where}.preset", keys["preset"], table["preset"])
+        model = model_preset(name, f"{where}.preset")
+    else:
+        path = Path(_check_value(f"{where}.config", keys["config"], table["config"])).expanduser()
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        model = model_from_path(path, f"{where}.config")
+    overrides = {k: _check_value(f"{where}.{k}", keys[k], v) for k, v in table.items()
+                 if k not in ("preset", "config")}
+    n = overrides.get("num_hidden_layers")
+    if n is not None and model.layer_types and n != len(model.layer_types):
+        raise ConfigError(f"{where}.num_hidden_layers", f"{n} differs from the {len(model.layer_types)} "
+                          f"layer kinds of {model.preset or model.config}")
+    return replace(model, **overrides)
 
 
 def estimate_kv_cache_bytes(model: ModelCfg, hw: HardwareCfg, util: float, tp: int,
@@ -690,7 +728,7 @@ def estimate_kv_cache_bytes(model: ModelCfg, hw: HardwareCfg, util: float, tp: i
     pass: MLP intermediate and residual stream, plus float32 logits for ``max_num_seqs``
     sampled rows) and non-torch memory (CUDA context, graphs, NCCL) is taken as 1 GiB.
     """
-    weights = model.num_params * model.dtype_bytes // tp
+    weights = model.weight_bytes // tp
     activation = (max_num_batched_tokens * (2 * model.intermediate_size // tp + 4 * model.hidden_size)
                   * model.dtype_bytes + max_num_seqs * model.vocab_size * 4)
     non_torch = 1 * GiB
@@ -743,7 +781,22 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if e["long_prefill_token_threshold"] > mml:
         raise ConfigError(f"{where}.long_prefill_token_threshold",
                           f"{e['long_prefill_token_threshold']} exceeds max_model_len ({mml})")
+    k = (raw.get("speculative") or {}).get("num_speculative_tokens")
+    # Speculative tokens, for Mamba's state blocks and a window's re-prefillable tail (k is
+    # checked with [speculative] below).
+    nsb = k if method != "none" and isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
+    if e["mamba_cache_mode"] == "all" and "all" not in sem.layout.mamba_cache_modes:
+        raise ConfigError(f"{where}.mamba_cache_mode", f"vLLM {sem.version} has no mode 'all' "
+                          f"(it has {', '.join(map(repr, sem.layout.mamba_cache_modes))})")
+    if e["kv_groups"] is None:
+        layout = _layout(model, hw, e, sem, nsb, f"{file}: ")
+        e["kv_groups"], e["block_size"] = layout.groups, layout.block_size
+        e["mamba_cache_mode"], e["layout_notes"] = layout.mamba_cache_mode, layout.notes
+        block_bytes = layout.block_bytes
     groups = e["kv_groups"]
+    if e["mamba_cache_mode"] is None:  # kv_groups given by hand
+        e["mamba_cache_mode"] = "align" if e["enable_prefix_caching"] and any(
+            g.kind == "mamba" for g in groups or ()) else "none"
     mamba = [g for g in groups or () if g.kind == "mamba"]
     if mamba and e["enable_prefix_caching"] and sem.hybrid.mamba_split == "last_block":
         # 0.19/0.22 round every prefill chunk down to the block: a block larger than a chunk
@@ -755,16 +808,16 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
             raise ConfigError(f"{where}.kv_groups", f"the mamba block_size ({b}) exceeds the "
                               f"largest prefill chunk ({limit}): vLLM {sem.version}'s aligned "
                               "split can never schedule a longer prompt (the engine stalls)")
-    if groups:
-        # vLLM's hybrid allocator gives every group the same number of layers, and one block id
-        # spans one page in each of those layers: per block id, a group's worth of layers.
-        per_layer = kv_bytes_per_token(model, e["kv_cache_dtype"], tp) / model.num_hidden_layers
+    if groups and "kv_groups" in (raw.get("engine") or {}):
+        # Groups by hand: vLLM's hybrid allocator gives every group the same number of layers,
+        # and one block id spans one page in each of those layers: a group's worth of layers.
+        per_layer = attention_page_bytes_per_token(model, e["kv_cache_dtype"], tp)
         layers = max((g.num_layers or 0 for g in groups), default=0) or -(-model.num_hidden_layers
                                                                          // len(groups))
         block_bytes = int(per_layer * max(g.block_size for g in groups) * layers)
         e["block_size"] = math.lcm(*(g.block_size for g in groups))
-    else:
-        block_bytes = kv_bytes_per_token(model, e["kv_cache_dtype"], tp) * e["block_size"]
+    elif groups:
+        e["block_size"] = math.lcm(*(g.block_size for g in groups))
     derived = e["num_gpu_blocks"] is None
     if derived:
         if e["kv_cache_memory_bytes"] is not None:
@@ -784,10 +837,6 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if groups:
         # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.
         in_flight = mnbt * (2 if e["async_scheduling"] and sem.has_max_in_flight_tokens else 1)
-        k = (raw.get("speculative") or {}).get("num_speculative_tokens")
-        # Mamba's speculative state blocks and a window's re-prefillable tail (k is checked
-        # with [speculative] below).
-        nsb = k if method != "none" and isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
         extra = max(0, num_prefill_lookahead(method, nsb, model.num_nextn_predict_layers, sem) - 1)
         needed = sum(g.max_blocks_per_request(mml, in_flight, num_speculative_blocks=nsb,
                                               mamba_align=e["enable_prefix_caching"],
@@ -805,6 +854,21 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
         f"{where}.prefix_cache_retention_interval", e["prefix_cache_retention_interval"], sem,
         groups)
     return _build(EngineCfg, e)
+
+
+def _layout(model: ModelCfg, hw: HardwareCfg, e: dict, sem: Semantics, num_spec: int,
+            file: str) -> KVLayout:
+    """The KV layout vLLM derives for the model on this engine and GPU (kvsim.layout)."""
+    try:
+        return derive_layout(
+            model, sem.layout, tp=e["tensor_parallel_size"], kv_cache_dtype=e["kv_cache_dtype"],
+            block_size=e["block_size"], capability=hw.capability,
+            enable_prefix_caching=e["enable_prefix_caching"],
+            mamba_cache_mode_given=e["mamba_cache_mode"], num_speculative_tokens=num_spec)
+    except ConfigError as exc:  # a key the derivation needs (hardware.compute_capability)
+        raise ConfigError(f"{file}{exc.where}", f"{exc.what} (or set engine.block_size and "
+                          "engine.kv_groups by hand)" if exc.where.startswith("hardware") else
+                          exc.what) from None
 
 
 def check_groups_for_release(where: str, groups, sem: Semantics) -> None:
@@ -917,10 +981,7 @@ def _speculative(raw: dict, file: str, engine: EngineCfg) -> SpecCfg:
     if s["draft_model"] is not None:
         if s["method"] != "draft_model":
             raise ConfigError(f"{where}.draft_model", "only used with method = 'draft_model'")
-        if presets.load("models", s["draft_model"]) is None:
-            known = presets.names("models")
-            raise ConfigError(f"{where}.draft_model", f"unknown preset {s['draft_model']!r}"
-                              f"{_suggest(s['draft_model'], known)}")
+        model_preset(s["draft_model"], f"{where}.draft_model")
     if s["parallel_drafting"] and s["method"] not in ("eagle", "eagle3", "draft_model"):
         raise ConfigError(f"{where}.parallel_drafting", "only EAGLE and draft models draft in parallel")
     groups = engine.kv_groups or ()
@@ -964,11 +1025,15 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     for section in raw:
         if section not in SCHEMA:
             raise ConfigError(f"{file}: [{section}]", f"unknown section{_suggest(section, list(SCHEMA))}")
-    model = _build(ModelCfg, _section(raw, "model", file))
+    model = _model(raw, file, path.parent if path else None)
     if model.num_experts and not 1 <= model.num_experts_per_tok <= model.num_experts:
         raise ConfigError(f"{file}: model.num_experts_per_tok", f"must be between 1 and num_experts "
                           f"({model.num_experts}) for an MoE model, got {model.num_experts_per_tok}")
     hardware = _build(HardwareCfg, _section(raw, "hardware", file))
+    cc = hardware.compute_capability
+    if cc is not None and not re.fullmatch(r"\d{1,2}\.\d", cc):
+        raise ConfigError(f"{file}: hardware.compute_capability", f"must be 'major.minor' like "
+                          f"'9.0', got {cc!r}")
     engine = _engine(raw, file, model, hardware)
     speculative = _speculative(raw, file, engine)
     workload = _workload(raw, file, path.parent if path else None)
@@ -1074,7 +1139,7 @@ def resolved_toml(sc: Scenario) -> str:
             if not hasattr(cfg, key.name):
                 continue
             v = getattr(cfg, key.name)
-            if v is None:
+            if v is None or (section == "model" and key.name in ("preset", "config") and not v):
                 continue
             if section == "workload" and (key.name == "trace" or (
                     key.name in TRACE_ONLY_KEYS and not sc.workload.reads_trace)):

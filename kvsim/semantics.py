@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvsim.kv.hybrid import HybridRules
+from kvsim.layout import LayoutRules
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,12 @@ class Semantics:
     # and GDN layers export a checkpoint state from inside a prefill chunk
     # (Scheduler._mamba_block_aligned_split, MambaManager._needs_internal_checkpoint).
     has_mamba_prefill_checkpoints: bool
+    # How the release derives a model's KV layout at start-up (kvsim.layout): the hybrid
+    # attention-block raise (0.19 model_executor/models/config.py
+    # HybridAttentionMambaModelConfig; 0.22+ platforms/interface.py _align_hybrid_block_size,
+    # 0.32 adding the backends' kernel alignment and 128 for MLA, 0.33 the Mamba prefill
+    # checkpoint alignment) and the mamba_cache_mode values (config/cache.py MambaCacheMode).
+    layout: LayoutRules
 
 
 _V033 = Semantics(
@@ -145,11 +152,14 @@ _V033 = Semantics(
     has_prefix_cache_retention_interval=True,
     default_prefix_cache_retention_interval=0,
     has_mamba_prefill_checkpoints=True,
+    layout=LayoutRules(hybrid_align="platform", hybrid_backend_alignment=True,
+                       hybrid_checkpoint_alignment=True, mamba_cache_modes=("align", "none")),
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 hybrid=replace(_V033.hybrid, mamba_tail_rekey="always", junction_eagle_tail=False),
                 has_disable_lookahead_block_hashes=False, priority_self_preempt_continues=False,
                 cache_after_verify=False, skip_zero_chunk_admission=False,
+                layout=replace(_V033.layout, hybrid_checkpoint_alignment=False),
                 async_default_off_methods=("ngram",), async_publish_after_placeholders=True,
                 async_allows_ngram=False)
 _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
@@ -168,7 +178,10 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
                 batch_queue_fill_requires_execution=True,
                 has_prefix_cache_retention_interval=False,
                 default_prefix_cache_retention_interval=None,
-                has_mamba_prefill_checkpoints=False)
+                has_mamba_prefill_checkpoints=False,
+                layout=LayoutRules(hybrid_align="platform", hybrid_backend_alignment=False,
+                                   hybrid_checkpoint_alignment=False,
+                                   mamba_cache_modes=("all", "align", "none")))
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,
@@ -176,7 +189,8 @@ _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                                    cap_at_full_attention_hit=False, mamba_split="last_block",
                                    mamba_tail_rekey="never", mamba_retire=False,
                                    mamba_eagle_margin=True),
-                cached_tokens_until_first_token=False)
+                cached_tokens_until_first_token=False,
+                layout=replace(_V022.layout, hybrid_align="model_config"))
 
 VERSIONS: dict[str, Semantics] = {
     "0.19.0": _V019,

@@ -328,8 +328,9 @@ def test_h3_split_under_a_small_budget_keeps_every_block_state():
 
 
 @pytest.mark.parametrize("version, groups, budget, where, what", [
-    ("0.33.0", [{"kind": "mamba", "block_size": 64}, {"kind": "mamba", "block_size": 64}], 2048,
-     "kv_groups[1].kind", "at most one mamba group"),
+    ("0.33.0", [{"kind": "mamba", "block_size": 64, "prefill_checkpoint_alignment": 64},
+                {"kind": "mamba", "block_size": 64}], 2048,
+     "kv_groups[1].prefill_checkpoint_alignment", "every mamba group must have the same"),
     ("0.33.0", [{"kind": "full_attention", "block_size": 16}, {"kind": "mamba", "block_size": 64}],
      2048, "kv_groups[1].block_size", "every group must use the mamba block_size"),
     # 0.22's split rounds chunks down to the block: 64 > 32 schedules nothing, ever.

@@ -51,13 +51,7 @@ def read_meta(folder: Path) -> dict[str, str]:
 
 def preset_for(hf_model: str) -> str | None:
     """The kvsim model preset whose ``hf_id`` is ``hf_model`` (an ``-Instruct`` suffix ignored)."""
-    def base(s: str) -> str:
-        return s.lower().removesuffix("-instruct")
-    for name in presets.names("models"):
-        hf_id = presets.load("models", name).get("hf_id", "")
-        if base(hf_id) == base(hf_model):
-            return name
-    return None
+    return presets.by_hf_id(hf_model, ignore_instruct=True)
 
 
 def _table(path: Path, key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:

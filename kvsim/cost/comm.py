@@ -11,7 +11,8 @@ models add this term.
 
 from __future__ import annotations
 
-from kvsim.config import HardwareCfg, ModelCfg
+from kvsim.config import HardwareCfg
+from kvsim.model import ModelCfg
 
 
 class AllReduce:

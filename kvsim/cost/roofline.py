@@ -30,16 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim import presets
-from kvsim.config import (
-    CostCfg,
-    HardwareCfg,
-    ModelCfg,
-    SpecCfg,
-    _build,
-    kv_bytes_per_token,
-)
+from kvsim.config import CostCfg, HardwareCfg, SpecCfg, model_preset
 from kvsim.cost.comm import AllReduce
+from kvsim.model import ModelCfg, kv_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +81,9 @@ def _model_pass(model: ModelCfg, tp: int, kv_cache_dtype: str, num_layers: int |
     return _Pass(
         linear_flops_per_token=2.0 * body_params / tp,
         lm_head_flops_per_row=2.0 * lm / tp,
-        attn_flops_per_pair=4.0 * layers * model.num_attention_heads * model.head_dim / tp,
-        weight_bytes=weight_params * model.dtype_bytes / tp,
+        attn_flops_per_pair=(4.0 * layers * model.num_attention_layers / model.num_hidden_layers
+                             * model.num_attention_heads * model.head_dim / tp),
+        weight_bytes=weight_params * model.weight_bytes / model.num_params / tp,
         kv_bytes_per_token=per_layer_kv * layers,
     )
 
@@ -113,7 +107,7 @@ class RooflineCost:
             if spec.method == "draft_model":
                 draft = model
                 if spec.draft_model:
-                    draft = _build(ModelCfg, {**presets.load("models", spec.draft_model)})
+                    draft = model_preset(spec.draft_model, "speculative.draft_model")
                 self.drafter = _model_pass(draft, tp, kv_cache_dtype)
                 self.draft_layers = draft.num_hidden_layers
             else:

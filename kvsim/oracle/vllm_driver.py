@@ -346,8 +346,6 @@ def _check_kv_groups(groups) -> list[dict]:
             )
         if int(g.get("num_layers", 1)) < 1:
             raise ValueError(f"engine.kv_groups[{i}].num_layers must be >= 1")
-    if sum(g["kind"] == "mamba" for g in groups) > 1:
-        raise ValueError("at most one mamba group is supported")
     return groups
 
 

@@ -1,0 +1,124 @@
+"""What kvsim knows of a model: its shape, as vLLM reads it from config.json.
+
+A leaf module (it imports nothing of kvsim's but the error type): the scenario parser, the KV
+layout derivation (``kvsim.layout``) and the cost models all take a ``ModelCfg``.
+``kvsim.hf`` builds one from a Hugging Face ``config.json``; a scenario can also give the keys
+by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
+               "float8_e4m3fn": 1, "fp8": 1}
+KV_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}
+
+AttentionType = Literal["gqa", "mla"]
+# A decoder layer's kind, as HF config.json's ``layer_types`` names them (vLLM reads the same
+# list): full attention, sliding-window attention, or a linear-attention (GatedDeltaNet) mixer.
+LayerType = Literal["full_attention", "sliding_attention", "linear_attention"]
+LAYER_TYPES: tuple[LayerType, ...] = ("full_attention", "sliding_attention", "linear_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class GatedDeltaNet:
+    """The linear-attention mixer of Qwen3-Next / Qwen3.5 / Qwen3.6 (config.json's ``linear_*``
+    keys). Its state per request is a causal-conv tail and a recurrent matrix per value head
+    (vLLM: ``MambaStateShapeCalculator.gated_delta_net_state_shape``)."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_dim: int
+    ssm_dtype: str | None = None  # config.json's mamba_ssm_dtype (Qwen3.5: "float32"); None: the model dtype
+
+    def state_elements(self, tp: int, num_speculative_tokens: int = 0) -> tuple[int, int]:
+        """Elements of (conv state, recurrent state) per layer on one of ``tp`` GPUs."""
+        conv_dim = (2 * self.key_head_dim * self.num_key_heads
+                    + self.value_head_dim * self.num_value_heads)
+        conv = conv_dim // tp * (self.conv_kernel_dim - 1 + num_speculative_tokens)
+        ssm = self.num_value_heads // tp * self.value_head_dim * self.key_head_dim
+        return conv, ssm
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCfg:
+    name: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_params: int
+    dtype: str
+    max_position_embeddings: int
+    num_active_params: int | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    attention_type: AttentionType = "gqa"
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    num_nextn_predict_layers: int = 1
+    mtp_params: int = 0
+    # From config.json (kvsim.hf); a model given key by key is all full attention.
+    architecture: str = ""
+    layer_types: tuple[LayerType, ...] = ()  # one per decoder layer; () = all full_attention
+    sliding_window: int = 0
+    linear_attention: GatedDeltaNet | None = None
+    quantized_params: int = 0  # of num_params, those stored in MXFP4 (gpt-oss experts)
+    hf_id: str = ""
+    preset: str = ""  # the shipped preset it was read from
+    config: str = ""  # or the config.json file (absolute path)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights as loaded: MXFP4 at 4.25 bits (a shared 8-bit scale per 32
+        values), the rest in ``dtype``."""
+        return ((self.num_params - self.quantized_params) * self.dtype_bytes
+                + self.quantized_params * 17 // 32)
+
+    @property
+    def active_params(self) -> int:
+        return self.num_active_params or self.num_params
+
+    @property
+    def layers(self) -> tuple[LayerType, ...]:
+        """Every decoder layer's kind."""
+        return self.layer_types or ("full_attention",) * self.num_hidden_layers
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers that keep K and V per token (full or sliding-window attention)."""
+        return sum(t != "linear_attention" for t in self.layers)
+
+
+def kv_cache_dtype_bytes(model: ModelCfg, kv_cache_dtype: str) -> int:
+    """Bytes of one cached K or V element (``auto``: the model dtype; an fp8 checkpoint still
+    keeps its KV cache in 16 bits unless told otherwise)."""
+    if kv_cache_dtype != "auto":
+        return KV_CACHE_DTYPE_BYTES[kv_cache_dtype]
+    return max(2, model.dtype_bytes)
+
+
+def attention_page_bytes_per_token(model: ModelCfg, kv_cache_dtype: str, tp: int) -> int:
+    """One attention layer's KV bytes per token on one GPU (vLLM's ``page_size_bytes`` of an
+    attention spec with block_size 1): K and V per KV head, or MLA's one latent, replicated."""
+    dtype_bytes = kv_cache_dtype_bytes(model, kv_cache_dtype)
+    if model.attention_type == "mla":
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * dtype_bytes
+    kv_heads = max(1, model.num_key_value_heads // tp)  # vLLM's ModelConfig.get_num_kv_heads
+    return 2 * kv_heads * model.head_dim * dtype_bytes
+
+
+def kv_bytes_per_token(model: ModelCfg, engine_kv_dtype: str, tp: int) -> int:
+    """Bytes of K and V per token across all attention layers, on one GPU of the replica."""
+    return model.num_attention_layers * attention_page_bytes_per_token(model, engine_kv_dtype, tp)
