@@ -289,7 +289,8 @@ def _validate_measured(args) -> int:
     e = sc.engine
     print(f"kvsim vs measured vLLM {e.vllm_version} run {folder.resolve().name}: {len(rows)} "
           f"requests; {sc.model.name} on {sc.hardware.name}, tp {e.tensor_parallel_size}, "
-          f"{e.num_gpu_blocks} KV blocks of {e.block_size} (derived from GPU memory); "
+          f"{e.num_gpu_blocks} KV blocks of {e.block_size} ("
+          f"{'derived from GPU memory' if e.num_gpu_blocks_derived else 'as the run recorded'}); "
           f"cost model {rec.cost_label}")
     print(measured.format_table(table, "peer"))
     print(f"results in {out}")
@@ -360,6 +361,30 @@ def cmd_calibrate(args) -> int:
           f"{bench_s:.0f} s, fit in {total_s - bench_s:.1f} s")
     print(fit.summary_line(profile))
     print(f"profile {out}, rows {csv_path}")
+    return 0
+
+
+def cmd_init(args) -> int:
+    from kvsim.semantics import DEFAULT_VERSION
+    from kvsim.vllm_serve import init
+
+    words = args.serve[1:] if args.serve[:1] == ["--"] else args.serve
+    if not words:
+        raise ConfigError("kvsim init", "give the vllm serve command after --, e.g. kvsim init -- "
+                          "vllm serve Qwen/Qwen3-32B -tp 2")
+    if presets.load("hardware", args.hardware) is None:
+        known = presets.names("hardware")
+        raise ConfigError("--hardware", f"unknown hardware preset {args.hardware!r}; known: "
+                          f"{', '.join(known)}")
+    text, not_modelled = init(words, args.hardware, args.vllm or DEFAULT_VERSION)
+    if not_modelled:
+        print(f"kvsim init: not modelled, left out: {', '.join(dict.fromkeys(not_modelled))}",
+              file=sys.stderr)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"kvsim init: wrote {args.out} (run it: kvsim run {args.out})", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -505,6 +530,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest step in the sweep, tokens (default 2048)")
     cal.add_argument("-q", "--quiet", action="store_true", help="no per-point progress")
     cal.set_defaults(func=cmd_calibrate)
+    ini = sub.add_parser("init", help="write a scenario from a vllm serve command line",
+                         usage="kvsim init [--hardware NAME] [--vllm VERSION] [--out FILE] -- "
+                               "vllm serve MODEL [FLAGS...]")
+    ini.add_argument("--hardware", default="h100-sxm", help="hardware preset of the GPU it runs on "
+                     "(default h100-sxm; kvsim presets lists them)")
+    ini.add_argument("--vllm", help="the vLLM release whose flags and defaults to use (default: "
+                     "kvsim's newest)")
+    ini.add_argument("--out", help="scenario file to write (default: standard output)")
+    ini.add_argument("serve", nargs=argparse.REMAINDER, help="the vllm serve command line, after --")
+    ini.set_defaults(func=cmd_init)
     pre = sub.add_parser("presets", help="list the shipped model and hardware presets")
     pre.set_defaults(func=cmd_presets)
     tr = sub.add_parser("traces", help="list the known public traces, or download one to the cache")

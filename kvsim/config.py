@@ -103,7 +103,8 @@ HARDWARE_KEYS = (
         "Hopper, `10.0` for B200, `12.0` for RTX PRO 6000 / RTX 50, `8.9` Ada, `8.0` A100): vLLM "
         "picks its attention kernels, and so MLA block sizes and a hybrid model's attention "
         "block, by it. Needed for MLA and hybrid models."),
-    Key("peak_flops_per_s", "float", REQUIRED, "Dense BF16/FP16 tensor-core peak, FLOP/s.",
+    Key("peak_flops_per_s", "float", None, "Dense BF16/FP16 tensor-core peak, FLOP/s: needed by "
+        "the roofline cost model (a fitted profile has the GPU's measured times).",
         low=0, low_open=True),
     Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.",
         low=0, low_open=True),
@@ -346,9 +347,9 @@ SCHEMA: dict[str, tuple[Key, ...]] = {
 class HardwareCfg:
     name: str
     device_name: str
-    peak_flops_per_s: float
     mem_bandwidth_bytes_per_s: float
     memory_bytes: int
+    peak_flops_per_s: float | None = None
     interconnect_bandwidth_bytes_per_s: float | None = None
     interconnect_latency_s: float = 5e-6
     compute_capability: str | None = None
@@ -996,7 +997,8 @@ def _speculative(raw: dict, file: str, engine: EngineCfg) -> SpecCfg:
     return _build(SpecCfg, s)
 
 
-def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: EngineCfg) -> CostCfg:
+def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: EngineCfg,
+          hw: HardwareCfg) -> CostCfg:
     from kvsim.cost import fitted  # the profile reader (JSON); no numpy
 
     c = _section(raw, "cost", file)
@@ -1016,6 +1018,9 @@ def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: Engi
         c["profile"] = str(path.resolve())
     elif c["profile"]:
         raise ConfigError(where, "is used only with cost.model = 'fitted'")
+    elif hw.peak_flops_per_s is None:
+        raise ConfigError(f"{file}: hardware.peak_flops_per_s", "missing: the roofline cost model "
+                          "needs it (or give cost.profile, a fitted profile)")
     return _build(CostCfg, c)
 
 
@@ -1049,7 +1054,7 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
         engine=engine,
         speculative=speculative,
         workload=workload,
-        cost=_cost(raw, file, base, model, engine),
+        cost=_cost(raw, file, base, model, engine, hardware),
         run=_build(RunCfg, _section(raw, "run", file)),
         cluster=_cluster(raw, file, base, model, hardware, engine) if "cluster" in raw else None,
     )
@@ -1071,7 +1076,7 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
         try:
             e = _engine(raw_d, file, model, hw)
             _speculative(raw_d, file, e)
-            _cost(raw_d, file, base, model, e)
+            _cost(raw_d, file, base, model, e, hw)
         except ConfigError as exc:
             inner = exc.where.removeprefix(f"{file}: ")
             where = inner.replace("engine.", f"cluster.deployment[{i}].", 1) if inner.startswith(

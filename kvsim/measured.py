@@ -47,7 +47,7 @@ VLLM_DEFAULTS = {"block_size": 16, "enable_prefix_caching": True, "gpu_memory_ut
 class MeasuredRun:
     folder: Path
     meta: dict
-    hardware: str  # kvsim hardware preset
+    hardware: dict  # [hardware]: a kvsim preset, or built from the run's own files
     model: str  # kvsim model preset
     specs: list[RequestSpec]
     measured: list[dict]  # per request: ttft_ms, tpot_ms, latency_ms (same order as specs)
@@ -55,6 +55,11 @@ class MeasuredRun:
     # the GPU link as the run's config.json describes its machine (link_bw GB/s, link_latency ns)
     link_bandwidth_bytes_per_s: float | None = None
     link_latency_s: float = 0.0
+    num_gpu_blocks: int | None = None  # the KV blocks vLLM's profiling gave, if the run recorded it
+
+    @property
+    def hardware_name(self) -> str:
+        return self.hardware.get("preset") or self.hardware["name"]
 
 
 def _norm(s: str) -> str:
@@ -79,12 +84,47 @@ def _find_upward(folder: Path, rel: str) -> Path:
                       "folder or any folder above it")
 
 
-def _hardware_preset(name: str, where: str) -> str:
+def _hardware_preset(name: str) -> str | None:
     for preset in presets.names("hardware"):
-        if _norm(preset) == _norm(name):
+        data = presets.load("hardware", preset)
+        if _norm(name) in (_norm(preset), _norm(data.get("device_name", ""))):
             return preset
-    raise ConfigError(where, f"no kvsim hardware preset for {name!r}; known: "
-                      f"{', '.join(presets.names('hardware'))}")
+    return None
+
+
+def _first(table: dict, *keys: str):
+    return next((table[k] for k in keys if table.get(k) not in (None, "")), None)
+
+
+def _hardware(meta: dict, instance: dict, folder: Path) -> dict:
+    """[hardware] of the run: the preset matching its GPU, else the GPU as the run's own files
+    describe it: device name and total memory from vllm/meta.json (``device_name``,
+    ``total_memory_bytes``; LLMServingSim's collector may also nest them under ``device``),
+    else config.json's instance (``hardware``, ``npu_mem.mem_size`` GiB); memory bandwidth
+    from ``npu_mem.mem_bw`` (GB/s). The step times come from the cost profile, so no FLOP/s
+    figure is needed."""
+    device = meta.get("device") if isinstance(meta.get("device"), dict) else {}
+    name = str(_first(meta, "device_name", "gpu_name") or _first(device, "name", "device_name")
+               or instance.get("hardware", ""))
+    preset = _hardware_preset(name) or _hardware_preset(str(instance.get("hardware", "")))
+    if preset is not None:
+        return {"preset": preset}
+    mem = instance.get("npu_mem") or {}
+    memory = _first(meta, "total_memory_bytes", "gpu_memory_bytes") or _first(
+        device, "total_memory_bytes", "total_memory")
+    if memory is None and mem.get("mem_size"):
+        memory = int(mem["mem_size"] * 2**30)
+    if not name or memory is None or not mem.get("mem_bw"):
+        raise ConfigError(str(folder / "config.json"), f"GPU {name!r} has no kvsim preset and the "
+                          "run does not describe it (device name and total memory in "
+                          "vllm/meta.json or nodes[0].instances[0].npu_mem.mem_size, and "
+                          "npu_mem.mem_bw in config.json)")
+    cc = _first(meta, "compute_capability") or _first(device, "compute_capability")
+    table = {"name": _norm(name) or "gpu", "device_name": name, "memory_bytes": int(memory),
+             "mem_bandwidth_bytes_per_s": float(mem["mem_bw"]) * 1e9}
+    if cc:
+        table["compute_capability"] = str(cc)
+    return table
 
 
 def _model_preset(hf_id: str, where: str) -> str:
@@ -124,7 +164,9 @@ def load_run(folder: Path) -> MeasuredRun:
                           f"data_parallel_size {kwargs['data_parallel_size']}: a multi-replica run "
                           "(kvsim replays one engine)")
     model = _model_preset(hf_model, str(folder / "vllm" / "meta.json"))
-    hardware = _hardware_preset(str(instance.get("hardware", "")), str(folder / "config.json"))
+    hardware = _hardware(meta, instance, folder)
+    recorded = _first(meta, "num_gpu_blocks") or _first(meta.get("cache_config") or {},
+                                                         "num_gpu_blocks")
     dataset = _find_upward(folder, str(meta.get("dataset_path", "")))
     lines = list(json_lines(dataset))
     rows = list(json_lines(folder / "vllm" / "requests.jsonl"))
@@ -154,7 +196,8 @@ def load_run(folder: Path) -> MeasuredRun:
     link_bw, link_latency = cluster.get("link_bw"), cluster.get("link_latency", 0)
     return MeasuredRun(folder, meta, hardware, model, [specs[i] for i in order],
                        [measured[i] for i in order], read_peer(folder / "validation" / "summary.txt"),
-                       link_bw * 1e9 if link_bw else None, link_latency * 1e-9)
+                       link_bw * 1e9 if link_bw else None, link_latency * 1e-9,
+                       int(recorded) if recorded else None)
 
 
 def shipped_profile_for(model: str, hardware: str, tp: int) -> str:
@@ -179,13 +222,15 @@ def scenario_table(run: MeasuredRun, profile: str | None) -> dict:
         engine_keys["max_model_len"] = kw["max_model_len"]
     if kw.get("kv_cache_dtype", "auto") != "auto":
         engine_keys["kv_cache_dtype"] = kw["kv_cache_dtype"]
-    hardware = {"preset": run.hardware}
+    if run.num_gpu_blocks:
+        engine_keys["num_gpu_blocks"] = run.num_gpu_blocks
+    hardware = dict(run.hardware)
     if run.link_bandwidth_bytes_per_s:
         hardware["interconnect_bandwidth_bytes_per_s"] = run.link_bandwidth_bytes_per_s
         hardware["interconnect_latency_s"] = run.link_latency_s
     return {"model": {"preset": run.model}, "hardware": hardware,
             "engine": engine_keys,
-            "cost": {"profile": profile or shipped_profile_for(run.model, run.hardware, tp)},
+            "cost": {"profile": profile or shipped_profile_for(run.model, run.hardware_name, tp)},
             # the requests come from the run; this placeholder only satisfies the schema
             "workload": {"num_requests": 1}}
 

@@ -72,3 +72,31 @@ def test_cli_writes_side_by_side_results(tmp_path, capsys):
     assert {p.name for p in out.iterdir()} == {"validate.csv", "summary.json", "validate.png"}
     lines = (out / "validate.csv").read_text().splitlines()
     assert lines[0].startswith("req_id,") and len(lines) == 301
+
+
+def test_a_gpu_without_a_preset_is_built_from_the_runs_files(tmp_path, capsys):
+    # A run on a GPU kvsim has no preset for: config.json names it, meta.json gives its name and
+    # memory and the KV block count vLLM profiled; the replay uses them and says so.
+    run = tmp_path / "runs" / "x"
+    shutil.copytree(RUNS / "Llama-3.1-8B", run, ignore=shutil.ignore_patterns("outputs"))
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["nodes"][0]["instances"][0]["hardware"] = "RTX4090"
+    (run / "config.json").write_text(json.dumps(cfg))
+    meta = json.loads((run / "vllm" / "meta.json").read_text())
+    meta.update(device_name="NVIDIA GeForce RTX 4090", total_memory_bytes=25_393_692_672,
+                num_gpu_blocks=9000,
+                dataset_path=str(measured._find_upward(RUNS / "Llama-3.1-8B", meta["dataset_path"])))
+    (run / "vllm" / "meta.json").write_text(json.dumps(meta))
+    bw = cfg["nodes"][0]["instances"][0]["npu_mem"]["mem_bw"]
+    sc, rec, rows, _ = measured.compare(run, "rtxpro6000-llama-3.1-8b-tp1")
+    assert sc.hardware.device_name == "NVIDIA GeForce RTX 4090"
+    assert sc.hardware.memory_bytes == 25_393_692_672
+    assert sc.hardware.mem_bandwidth_bytes_per_s == bw * 1e9
+    assert sc.engine.num_gpu_blocks == 9000 and not sc.engine.num_gpu_blocks_derived
+    assert len(rows) == 300
+    assert main(["validate", "--against", "measured", str(run), "--profile",
+                 "rtxpro6000-llama-3.1-8b-tp1", "--out", str(tmp_path / "o")]) == 0
+    assert "9000 KV blocks of 16 (as the run recorded)" in capsys.readouterr().out
+    # Without a profile for that GPU, one line asks for one.
+    assert main(["validate", "--against", "measured", str(run), "--out", str(tmp_path / "p")]) == 2
+    assert "give one with --profile" in capsys.readouterr().err

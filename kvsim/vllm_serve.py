@@ -1,0 +1,259 @@
+"""``kvsim init``: a scenario from a ``vllm serve`` command line.
+
+The flags are read as the release's own parser reads them: every option string it accepts
+(long and short forms, ``--no-``/``--disable-`` negations, underscores for dashes, ``--x=v``,
+``--speculative-config.key v``) comes from a table written from vLLM's parser
+(``kvsim/presets/vllm_serve/<release>.json``, by ``kvsim/oracle/serve_flags.py``). A flag kvsim
+models becomes its scenario key; a real flag kvsim does not model is named on stderr; a flag
+the release does not have is an error with a suggestion.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvsim import presets
+from kvsim.errors import ConfigError
+
+# vLLM's destination -> kvsim [engine] key (vLLM's own names) and value type.
+ENGINE_FLAGS: dict[str, tuple[str, str]] = {
+    "tensor_parallel_size": ("tensor_parallel_size", "int"),
+    "max_num_batched_tokens": ("max_num_batched_tokens", "int"),
+    "max_num_seqs": ("max_num_seqs", "int"),
+    "max_model_len": ("max_model_len", "int"),
+    "block_size": ("block_size", "int"),
+    "gpu_memory_utilization": ("gpu_memory_utilization", "float"),
+    "num_gpu_blocks_override": ("num_gpu_blocks", "int"),
+    "kv_cache_memory_bytes": ("kv_cache_memory_bytes", "int"),
+    "kv_cache_dtype": ("kv_cache_dtype", "str"),
+    "enable_prefix_caching": ("enable_prefix_caching", "bool"),
+    "async_scheduling": ("async_scheduling", "bool"),
+    "enable_chunked_prefill": ("enable_chunked_prefill", "bool"),
+    "long_prefill_token_threshold": ("long_prefill_token_threshold", "int"),
+    "scheduling_policy": ("scheduling_policy", "str"),
+    "mamba_cache_mode": ("mamba_cache_mode", "str"),
+    "prefix_cache_retention_interval": ("prefix_cache_retention_interval", "int"),
+}
+# --speculative-config keys -> [speculative] keys.
+SPEC_KEYS = {"method": "method", "num_speculative_tokens": "num_speculative_tokens",
+             "disable_eagle_block_drop": "disable_eagle_block_drop",
+             "disable_lookahead_block_hashes": "disable_lookahead_block_hashes",
+             "parallel_drafting": "parallel_drafting"}
+# Drafter checkpoints (EAGLE heads, MTP modules) whose weights kvsim prices as one layer, and
+# settings that change no KV accounting: read, not modelled.
+SPEC_METHOD_ALIASES = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp", "qwen3_5_mtp": "mtp",
+                       "ernie_mtp": "mtp", "glm4_moe_mtp": "mtp", "mimo_mtp": "mtp"}
+
+
+@dataclass
+class Serve:
+    """What a command line says, as scenario keys."""
+
+    model: str | None = None
+    engine: dict[str, tuple[Any, str]] = field(default_factory=dict)       # key -> (value, flag)
+    speculative: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    not_modelled: list[str] = field(default_factory=list)
+
+
+def flag_table(version: str) -> dict[str, dict]:
+    """The option strings of ``vllm serve`` in ``version`` (kvsim/presets/vllm_serve)."""
+    folder = resources.files("kvsim") / "presets" / "vllm_serve"
+    names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    name = version if version in names else next(
+        (n for n in names if n.rsplit(".", 1)[0] == version.rsplit(".", 1)[0]), None)
+    if name is None:
+        raise ConfigError("--vllm", f"no flag table for vLLM {version} (have {', '.join(names)})")
+    with (folder / f"{name}.json").open("rb") as f:
+        return json.load(f)["options"]
+
+
+def human_int(text: str, flag: str) -> int:
+    """vLLM's human_readable_int: ``32k`` = 32,000, ``32K`` = 32,768 (also m/M, g/G)."""
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+    t = text.strip()
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise ConfigError(flag, f"must be an integer (like 8192, 32k or 32K), got {text!r}") from None
+
+
+def _convert(value: Any, kind: str, flag: str) -> Any:
+    if kind == "bool":
+        return bool(value)
+    if kind == "int":
+        if isinstance(value, bool):
+            raise ConfigError(flag, f"must be an integer, got {value!r}")
+        return value if isinstance(value, int) else human_int(str(value), flag)
+    if kind == "float":
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(flag, f"must be a number, got {value!r}") from None
+    return str(value)
+
+
+def parse_serve(argv: list[str], version: str) -> Serve:
+    """Read a ``vllm serve`` command line (``vllm`` and ``serve`` optional)."""
+    table = flag_table(version)
+    words = list(argv)
+    if words[:1] == ["vllm"]:
+        words = words[1:]
+    if words[:1] == ["serve"]:
+        words = words[1:]
+    out = Serve()
+    spec_json: dict[str, Any] = {}
+    spec_flag = "--speculative-config"
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not word.startswith("-") or word == "-":
+            if out.model is not None:
+                raise ConfigError(word, f"unexpected argument (the model is {out.model!r})")
+            out.model = word
+            continue
+        name, eq, value = word.partition("=")
+        if name.startswith("--"):
+            name = "--" + name[2:].replace("_", "-")
+        key_path = ""
+        if name.startswith(spec_flag + "."):  # --speculative-config.method mtp
+            name, key_path = spec_flag, name[len(spec_flag) + 1:].replace("-", "_")
+        entry = table.get(name)
+        if entry is None:
+            close = difflib.get_close_matches(name, list(table), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(name, f"vLLM {version} has no such flag{hint}")
+        if entry["takes_value"]:
+            if not eq:
+                if i >= len(words):
+                    raise ConfigError(name, "expects a value")
+                value = words[i]
+                i += 1
+        elif eq:
+            raise ConfigError(name, "takes no value")
+        else:
+            value = entry.get("sets", True)
+        dest = entry["dest"]
+        if dest == "model":
+            out.model = value
+        elif dest == "speculative_config":
+            if key_path:
+                spec_json[key_path] = _json_scalar(value)
+            else:
+                try:
+                    parsed = json.loads(value)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(name, f"not valid JSON: {exc}") from None
+                if not isinstance(parsed, dict):
+                    raise ConfigError(name, "must be a JSON object, like "
+                                      "'{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")
+                spec_json.update(parsed)
+        elif dest in ENGINE_FLAGS:
+            key, kind = ENGINE_FLAGS[dest]
+            out.engine[key] = (_convert(value, kind, name), word if eq or not entry["takes_value"]
+                               else f"{name} {value}")
+        else:
+            out.not_modelled.append(name)
+    for k, v in spec_json.items():
+        if k in SPEC_KEYS:
+            if k == "method" and isinstance(v, str):
+                v = SPEC_METHOD_ALIASES.get(v, v)
+            out.speculative[SPEC_KEYS[k]] = (v, f"{spec_flag} {k}")
+        else:
+            out.not_modelled.append(f"{spec_flag} {k}")
+    return out
+
+
+def _json_scalar(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def resolve_model(model: str | None) -> tuple[str, str, str]:
+    """(key, value, comment) of [model] for MODEL: a preset, an HF id with one, or a path."""
+    if model is None:
+        raise ConfigError("MODEL", "missing: give the model as vllm serve takes it "
+                          "(a preset name, a Hugging Face id with a shipped preset, or a config.json path)")
+    name = presets.by_hf_id(model) or (model if presets.load("models", model) else None)
+    if name is not None:
+        return "preset", name, model if name != model else ""
+    p = Path(model).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    if p.is_file():
+        return "config", str(p.resolve()), ""
+    known = presets.names("models")
+    close = difflib.get_close_matches(model, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise ConfigError(model, f"no shipped preset{hint} and no such config.json; kvsim reads "
+                      "config.json offline: download it (huggingface-cli download "
+                      f"{model} config.json) and give its path")
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return json.dumps(v)
+
+
+def scenario_text(serve: Serve, hardware: str, version: str, command: str) -> str:
+    """The commented scenario TOML of a parsed command line."""
+    key, value, note = resolve_model(serve.model)
+    lines = ["# Written by kvsim init from:", f"#   {command}",
+             "# Each [engine] key carries vLLM's name; keys left out take vLLM's default for",
+             "# vllm_version (docs/scenario.md). The workload is a placeholder: edit it to your traffic.",
+             "", "[model]", f"{key} = {_toml(value)}" + (f"  # {note}" if note else ""),
+             "", "[hardware]", f"preset = {_toml(hardware)}", "", "[engine]",
+             f"vllm_version = {_toml(version)}"]
+    width = max((len(f"{k} = {_toml(v)}") for k, (v, _) in serve.engine.items()), default=0)
+    for k, (v, flag) in serve.engine.items():
+        lines.append(f"{k} = {_toml(v)}".ljust(width) + f"  # {flag}")
+    if serve.speculative:
+        lines += ["", "[speculative]"]
+        for k, (v, flag) in serve.speculative.items():
+            lines.append(f"{k} = {_toml(v)}  # {flag}")
+    lines += ["", "[workload]", 'kind = "synthetic"', 'generator = "shared_prefix"',
+              "num_requests = 200", "request_rate = 4.0", "system_prompt_tokens = 1024",
+              "user_history_tokens = 2048", "input_tokens = 256", "output_tokens = 256", ""]
+    return "\n".join(lines)
+
+
+def init(argv: list[str], hardware: str, version: str) -> tuple[str, list[str]]:
+    """(scenario TOML, flags read but not modelled); the scenario is checked by parsing it."""
+    from kvsim.config import parse_scenario
+
+    serve = parse_serve(argv, version)
+    spec = serve.speculative
+    if "method" in spec and "num_speculative_tokens" not in spec and spec["method"][0] == "mtp":
+        # vLLM's SpeculativeConfig: MTP defaults to the checkpoint's MTP layers.
+        from kvsim.config import model_from_path, model_preset
+
+        key, value, _ = resolve_model(serve.model)
+        m = model_preset(value) if key == "preset" else model_from_path(value, "MODEL")
+        spec["num_speculative_tokens"] = (m.num_nextn_predict_layers,
+                                          "vLLM's default for mtp: the checkpoint's MTP layers")
+    words = argv[2:] if argv[:2] == ["vllm", "serve"] else argv[1:] if argv[:1] == ["serve"] else argv
+    command = shlex.join(["vllm", "serve", *words])
+    text = scenario_text(serve, hardware, version, command)
+    try:
+        parse_scenario(tomllib.loads(text), Path("scenario.toml"))
+    except ConfigError as exc:  # name the flag the key came from
+        section, _, key = exc.where.removeprefix("scenario.toml: ").partition(".")
+        given = {"engine": serve.engine, "speculative": spec}.get(section, {})
+        if key in given:
+            raise ConfigError(given[key][1], exc.what) from None
+        raise
+    return text, serve.not_modelled
