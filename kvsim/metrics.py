@@ -168,6 +168,7 @@ class Results:
             "num_gpu_blocks": e.num_gpu_blocks,
             "num_gpu_blocks_derived": e.num_gpu_blocks_derived,
             "block_size": e.block_size,
+            "kv_layout": kv_layout_line(e),
             "prefix_cache_queries": queries,
             "prefix_cache_hits": hits,
             "prefix_cache_hit_rate": hits / queries if queries else None,
@@ -287,6 +288,24 @@ def result_files(sc: Scenario, rec: Records, summary: dict) -> dict[str, str]:
             "summary.json": summary_json(summary), "scenario.resolved.toml": resolved_toml(sc)}
 
 
+def kv_layout_line(e) -> str:
+    """The engine's KV groups in one line: ``3 x mamba (16 layers) + full_attention (16 layers);
+    block 832, mamba_cache_mode align``."""
+    if not e.kv_groups:
+        return f"one full-attention pool, block {e.block_size}"
+    parts: list[list] = []
+    for g in e.kv_groups:
+        name = g.kind + (f" {g.sliding_window}" if g.kind == "sliding_window" else "") + (
+            f" ({g.num_layers} layers)" if g.num_layers else "")
+        if parts and parts[-1][1] == name:
+            parts[-1][0] += 1
+        else:
+            parts.append([1, name])
+    groups = " + ".join(f"{n} x {k}" if n > 1 else k for n, k in parts)
+    mode = f", mamba_cache_mode {e.mamba_cache_mode}" if any(g.kind == "mamba" for g in e.kv_groups) else ""
+    return f"{groups}; block {e.block_size}{mode}"
+
+
 def summary_json(summary: dict) -> str:
     return json.dumps(summary, indent=2) + "\n"
 
@@ -328,6 +347,8 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     if t["requests_per_s"] is not None:
         lines.append(f"throughput    {t['requests_per_s']:.2f} req/s, "
                      f"{t['output_tokens_per_s']:.1f} output tok/s")
+    if s.get("kv_layout"):
+        lines.append(f"KV layout     {s['kv_layout']}")
     derived = " (derived from memory; set engine.num_gpu_blocks to pin it)"
     lines.append(f"KV usage      mean {100 * s['kv_usage']['mean']:.1f} %, max "
                  f"{100 * s['kv_usage']['max']:.1f} % of {s['num_gpu_blocks'] - 1} usable blocks"
