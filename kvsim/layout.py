@@ -113,14 +113,12 @@ def mamba_page_bytes(model: ModelCfg, tp: int, num_speculative_tokens: int) -> i
 
 def mamba_prefill_checkpoint_alignment(model: ModelCfg, capability: Capability | None) -> int | None:
     """GatedDeltaNet's in-chunk checkpoint alignment (0.33 ``_resolve_gdn_prefill_backend``):
-    FlashInfer's prefill kernel on Hopper, and on Blackwell with key heads of 128; elsewhere
-    the FLA kernel, which exports none."""
-    g = model.linear_attention
-    if g is None or capability is None:
+    FlashInfer's prefill kernel on Hopper; elsewhere the FLA kernel, which exports none.
+    (Blackwell takes FlashInfer's only with a CUDA 13 runtime, which the oracle's run of vLLM's
+    own path, at capability 10.0, did not pick: kvsim follows it.)"""
+    if model.linear_attention is None or capability is None:
         return None
-    if capability[0] == 9 or (capability[0] in (10, 12) and g.key_head_dim == 128):
-        return FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
-    return None
+    return FLASHINFER_GDN_CHECKPOINT_ALIGNMENT if capability[0] == 9 else None
 
 
 def _raise_hybrid_block(model: ModelCfg, rules: LayoutRules, block_size: int, attn_token: int,

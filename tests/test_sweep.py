@@ -163,15 +163,18 @@ def test_kill_and_restart_skips_finished_points(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(_sweep_cmd(path, out, "--workers", "1", "-q"), env=env, start_new_session=True)
+
+    def finished_points():  # not the hidden .NAME.partial-* folder of a point being written
+        return [p for p in (out / "points").glob("*/summary.json") if not p.parent.name.startswith(".")]
     try:
         deadline = time.monotonic() + 60
-        while len(list((out / "points").glob("*/summary.json"))) < 3:
+        while len(finished_points()) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended too soon"
             time.sleep(0.02)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    finished = {p.parent.name: p.stat().st_mtime_ns for p in (out / "points").glob("*/summary.json")}
+    finished = {p.parent.name: p.stat().st_mtime_ns for p in finished_points()}
     assert 3 <= len(finished) < 12 and not (out / "sweep.csv").exists()
     # Restart: the finished points are not run again; the table equals an uninterrupted sweep's.
     done = subprocess.run(_sweep_cmd(path, out, "--workers", "2"), env=env, capture_output=True, text=True)
