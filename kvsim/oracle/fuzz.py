@@ -39,8 +39,10 @@ def _groups(rng: random.Random, mml: int, budget: int) -> tuple[list[dict], int,
     return groups, U, need
 
 
-def _mamba_groups(rng: random.Random, k: int, checkpoints: bool) -> tuple[list[dict], int, int]:
-    """A Mamba layout as vLLM builds one: every group on the Mamba block size."""
+def _mamba_groups(rng: random.Random, k: int, checkpoints: bool,
+                  copies: int = 1) -> tuple[list[dict], int, int]:
+    """A Mamba layout as vLLM builds one: every group on the Mamba block size; ``copies``
+    Mamba groups, as vLLM splits a 3:1 GatedDeltaNet model's linear layers (Qwen3.5)."""
     b = rng.choice([8, 16, 32, 64])
     groups = [{"kind": "full_attention", "block_size": b, "eagle": rng.random() < 0.5},
               {"kind": "mamba", "block_size": b, "eagle": rng.random() < 0.3}]
@@ -54,7 +56,8 @@ def _mamba_groups(rng: random.Random, k: int, checkpoints: bool) -> tuple[list[d
         alignment = None
     if alignment is not None:
         groups[1]["prefill_checkpoint_alignment"] = alignment
-    return groups, b, 2 + k + (alignment is not None)  # vLLM's start-up bound
+    groups[2:2] = [dict(groups[1]) for _ in range(copies - 1)]
+    return groups, b, copies * (2 + k + (alignment is not None))  # vLLM's start-up bound
 
 
 def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
@@ -95,7 +98,10 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
         engine["max_num_batched_tokens"] = budget = max(budget, 8 * (k + 1))
         engine["max_num_seqs"] = min(engine["max_num_seqs"], budget)
     if hybrid == "mamba":
-        groups, U, need = _mamba_groups(rng, k, sem is None or sem.has_mamba_prefill_checkpoints)
+        # The number of Mamba groups comes from its own stream: the other draws stay as before.
+        copies = random.Random(f"mamba-groups-{seed}").choice([1, 1, 2, 3])
+        groups, U, need = _mamba_groups(rng, k, sem is None or sem.has_mamba_prefill_checkpoints,
+                                        copies)
         need += sum(cdiv(mml, g["block_size"]) for g in groups if g["kind"] != "mamba")
         engine["kv_groups"] = groups
         engine["block_size"] = b = U
