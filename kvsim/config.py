@@ -21,18 +21,11 @@ from typing import Any
 from kvsim import hf, presets, traces
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
-from kvsim.layout import KVLayout, derive_layout
-from kvsim.model import (
-    DTYPE_BYTES,
-    KV_CACHE_DTYPE_BYTES,
-    ModelCfg,
-    attention_page_bytes_per_token,
-    kv_bytes_per_token,
-)
+from kvsim.layout import KVLayout, derive_layout, mamba_cache_mode
+from kvsim.model import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, ModelCfg, attention_page_bytes_per_token
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
 
 GiB = 1 << 30
-__all__ = ["ModelCfg", "kv_bytes_per_token", "DTYPE_BYTES", "KV_CACHE_DTYPE_BYTES"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +378,6 @@ class EngineCfg:
     kv_groups: tuple[GroupSpec, ...] | None = None
     prefix_cache_retention_interval: int | str = 0  # an interval >= 0 or "dense"
     mamba_cache_mode: str = "none"
-    layout_notes: tuple[str, ...] = ()  # what vLLM logs when it derives the layout
 
     @property
     def retention_interval(self) -> int | None:
@@ -683,7 +675,7 @@ def model_preset(name: str, where: str = "--model") -> ModelCfg:
                                 preset=data["name"])
 
 
-def model_from_path(path: str | Path, where: str) -> ModelCfg:
+def model_from_path(path: str | Path) -> ModelCfg:
     """The model of a config.json (or a folder holding one). Raises ConfigError."""
     data, p = hf.read_config_file(path)
     return hf.model_from_config(data, str(p), name=p.parent.name, config=str(p.resolve()))
@@ -710,7 +702,7 @@ def _model(raw: dict, file: str, base: Path | None) -> ModelCfg:
         path = Path(_check_value(f"{where}.config", keys["config"], table["config"])).expanduser()
         if not path.is_absolute() and base is not None:
             path = base / path
-        model = model_from_path(path, f"{where}.config")
+        model = model_from_path(path)
     overrides = {k: _check_value(f"{where}.{k}", keys[k], v) for k, v in table.items()
                  if k not in ("preset", "config")}
     n = overrides.get("num_hidden_layers")
@@ -792,12 +784,21 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if e["kv_groups"] is None:
         layout = _layout(model, hw, e, sem, nsb, f"{file}: ")
         e["kv_groups"], e["block_size"] = layout.groups, layout.block_size
-        e["mamba_cache_mode"], e["layout_notes"] = layout.mamba_cache_mode, layout.notes
+        e["mamba_cache_mode"] = layout.mamba_cache_mode
         block_bytes = layout.block_bytes
+    else:
+        # Groups by hand: vLLM's hybrid allocator gives every group the same number of layers,
+        # and one block id spans one page in each of those layers: a group's worth of layers.
+        groups = e["kv_groups"]
+        per_layer = attention_page_bytes_per_token(model, e["kv_cache_dtype"], tp)
+        layers = max((g.num_layers or 0 for g in groups), default=0) or -(-model.num_hidden_layers
+                                                                         // len(groups))
+        block_bytes = int(per_layer * max(g.block_size for g in groups) * layers)
+        e["block_size"] = math.lcm(*(g.block_size for g in groups))
+        e["mamba_cache_mode"] = mamba_cache_mode(sem.layout, e["mamba_cache_mode"],
+                                                 e["enable_prefix_caching"]) if any(
+            g.kind == "mamba" for g in groups) else "none"
     groups = e["kv_groups"]
-    if e["mamba_cache_mode"] is None:  # kv_groups given by hand
-        e["mamba_cache_mode"] = "align" if e["enable_prefix_caching"] and any(
-            g.kind == "mamba" for g in groups or ()) else "none"
     mamba = [g for g in groups or () if g.kind == "mamba"]
     if mamba and e["enable_prefix_caching"] and sem.hybrid.mamba_split == "last_block":
         # 0.19/0.22 round every prefill chunk down to the block: a block larger than a chunk
@@ -809,16 +810,6 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
             raise ConfigError(f"{where}.kv_groups", f"the mamba block_size ({b}) exceeds the "
                               f"largest prefill chunk ({limit}): vLLM {sem.version}'s aligned "
                               "split can never schedule a longer prompt (the engine stalls)")
-    if groups and "kv_groups" in (raw.get("engine") or {}):
-        # Groups by hand: vLLM's hybrid allocator gives every group the same number of layers,
-        # and one block id spans one page in each of those layers: a group's worth of layers.
-        per_layer = attention_page_bytes_per_token(model, e["kv_cache_dtype"], tp)
-        layers = max((g.num_layers or 0 for g in groups), default=0) or -(-model.num_hidden_layers
-                                                                         // len(groups))
-        block_bytes = int(per_layer * max(g.block_size for g in groups) * layers)
-        e["block_size"] = math.lcm(*(g.block_size for g in groups))
-    elif groups:
-        e["block_size"] = math.lcm(*(g.block_size for g in groups))
     derived = e["num_gpu_blocks"] is None
     if derived:
         if e["kv_cache_memory_bytes"] is not None:
@@ -1111,7 +1102,7 @@ def load_raw(path: str | Path) -> dict:
 # -- writing the resolved scenario ---------------------------------------------------------
 
 
-def _toml_value(v: Any) -> str:
+def toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -1121,7 +1112,7 @@ def _toml_value(v: Any) -> str:
             return "inf" if v > 0 else "-inf"
         return repr(v)
     if isinstance(v, tuple | list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, Path):
         v = str(v)
     if isinstance(v, str):
@@ -1154,7 +1145,7 @@ def resolved_toml(sc: Scenario) -> str:
             if key.type in ("groups", "deployments") or (
                     section == "cluster" and key.name == "replicas" and sc.cluster.deployment):
                 continue  # written as [[engine.kv_groups]] / [[cluster.deployment]] tables below
-            lines.append(f"{key.name} = {_toml_value(v)}")
+            lines.append(f"{key.name} = {toml_value(v)}")
         lines.append("")
         if section == "engine" and sc.engine.kv_groups:
             for g in sc.engine.kv_groups:
@@ -1162,7 +1153,7 @@ def resolved_toml(sc: Scenario) -> str:
                 for k in GROUP_KEYS:
                     v = getattr(g, k.name)
                     if v is not None and not (k.name == "sliding_window" and g.kind != "sliding_window"):
-                        lines.append(f"{k.name} = {_toml_value(v)}")
+                        lines.append(f"{k.name} = {toml_value(v)}")
                 lines.append("")
         if section == "cluster" and sc.cluster.deployment:
             first = 0
@@ -1174,7 +1165,7 @@ def resolved_toml(sc: Scenario) -> str:
                 for k in ENGINE_KEYS:
                     v = getattr(e, k.name)
                     if k.name not in SHARED_ENGINE_KEYS and v != getattr(sc.engine, k.name):
-                        lines.append(f"{k.name} = {_toml_value(v)}")
+                        lines.append(f"{k.name} = {toml_value(v)}")
                 lines.append("")
     return "\n".join(lines)
 
@@ -1190,7 +1181,7 @@ def schema_markdown() -> str:
             elif k.default is None:
                 default = "derived" if k.derived else "none"
             else:
-                default = f"`{_toml_value(k.default)}`"
+                default = f"`{toml_value(k.default)}`"
             kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
             out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
         out.append("")
@@ -1201,7 +1192,7 @@ def schema_markdown() -> str:
                     "|---|---|---|---|"]
             for k in sub[1]:
                 default = "required" if k.default is REQUIRED else (
-                    "none" if k.default is None else f"`{_toml_value(k.default)}`")
+                    "none" if k.default is None else f"`{toml_value(k.default)}`")
                 kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
                 out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
             if section == "cluster":

@@ -31,18 +31,20 @@ class _Family:
     file: str
     qk_norm: bool = False            # per-head RMSNorm on q and k (Qwen3, Gemma 3, Qwen3-Next)
     attention_bias: str = ""         # config key that turns on q/k/v (and o) biases
+    qkv_bias: bool = False           # q/k/v biases always (Qwen2)
     o_bias: bool = False             # the output projection has a bias too (gpt-oss)
     gated_attention: bool = False    # q_proj also emits a sigmoid output gate (Qwen3-Next, 3.5)
     norms_per_layer: int = 2         # RMSNorms of width hidden_size per decoder layer
     sinks: bool = False              # one learned attention sink per query head (gpt-oss)
     multimodal: bool = False         # the language model's keys sit under ``text_config``
     vision: str = ""                 # the vision tower's kind, for the parameter count
+    weights: str = ""                # "deepseek" (MLA, shared experts) or "gpt_oss" (biased experts)
 
 
 FAMILIES: dict[str, _Family] = {
     "LlamaForCausalLM": _Family("llama.py", attention_bias="attention_bias"),
     "MistralForCausalLM": _Family("mistral.py"),
-    "Qwen2ForCausalLM": _Family("qwen2.py", attention_bias="_qwen2"),
+    "Qwen2ForCausalLM": _Family("qwen2.py", qkv_bias=True),
     "Qwen3ForCausalLM": _Family("qwen3.py", qk_norm=True, attention_bias="attention_bias"),
     "Qwen3MoeForCausalLM": _Family("qwen3_moe.py", qk_norm=True, attention_bias="attention_bias"),
     "Qwen3NextForCausalLM": _Family("qwen3_next.py", qk_norm=True, gated_attention=True),
@@ -51,12 +53,12 @@ FAMILIES: dict[str, _Family] = {
     "Qwen3_5MoeForConditionalGeneration": _Family("qwen3_5.py", qk_norm=True, gated_attention=True,
                                                   multimodal=True, vision="qwen3_vl"),
     "GptOssForCausalLM": _Family("gpt_oss.py", attention_bias="attention_bias", o_bias=True,
-                                 sinks=True),
+                                 sinks=True, weights="gpt_oss"),
     "Gemma3ForCausalLM": _Family("gemma3.py", qk_norm=True, norms_per_layer=4),
     "Gemma3ForConditionalGeneration": _Family("gemma3_mm.py", qk_norm=True, norms_per_layer=4,
                                               multimodal=True, vision="siglip"),
-    "DeepseekV3ForCausalLM": _Family("deepseek_v2.py"),
-    "DeepseekV32ForCausalLM": _Family("deepseek_v2.py"),
+    "DeepseekV3ForCausalLM": _Family("deepseek_v2.py", weights="deepseek"),
+    "DeepseekV32ForCausalLM": _Family("deepseek_v2.py", weights="deepseek"),
 }
 
 # Defaults transformers' configuration classes supply when config.json leaves a key out
@@ -160,8 +162,7 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
     if tied is None:
         tied = top.bool("tie_word_embeddings", False)
     dtype = _dtype(cfg, t, where)
-    kind = "deepseek" if arch.startswith("Deepseek") else (
-        "gpt_oss" if arch == "GptOssForCausalLM" else "")
+    kind = fam.weights
 
     layer_types = _layer_types(arch, t, L)
     window = t.int("sliding_window", 0, low=0) if "sliding_attention" in layer_types else 0
@@ -179,7 +180,7 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
             ssm_dtype=_ssm_dtype(t, where) if arch.startswith("Qwen3_5") else None)
 
     # -- weights, by shape -------------------------------------------------------------------
-    bias = fam.attention_bias and (arch == "Qwen2ForCausalLM" or t.bool(fam.attention_bias, False))
+    bias = fam.qkv_bias or (fam.attention_bias and t.bool(fam.attention_bias, False))
     attention_type = "gqa"
     kv_lora = rope = 0
     if kind == "deepseek":
@@ -202,13 +203,14 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
             attn += 2 * d
         if fam.sinks:
             attn += nq
-    dense_mlp = 3 * H * t.int("intermediate_size", 0, low=0) if t.has("intermediate_size") else 0
-    moe, active_moe, experts, top_k = _moe(arch, kind, t, H)
+    inter = t.int("intermediate_size", 0, low=0)  # the dense MLP's width (gpt-oss: an expert's)
+    dense_mlp = 3 * H * inter
+    moe, active_moe, experts, top_k = _moe(kind, t, H)
     moe_layers = _moe_layers(kind, t, L, experts)
-    mixer = {"linear_attention": _gdn_params(gdn, H) if gdn else 0}
+    gdn_mixer = _gdn_params(gdn, H) if gdn else 0
     layers = 0
     for i, lt in enumerate(layer_types):
-        layers += mixer.get(lt, attn) + fam.norms_per_layer * H
+        layers += (gdn_mixer if lt == "linear_attention" else attn) + fam.norms_per_layer * H
         layers += moe if i in moe_layers else dense_mlp
     embed = V * H
     body = embed + layers + H + (0 if tied else V * H)
@@ -219,7 +221,6 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
     quantized = 0
     if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":
         # gpt-oss: the experts' projection weights (not their biases) in MXFP4.
-        inter = t.int("intermediate_size")
         quantized = len(moe_layers) * experts * 3 * H * inter
 
     num_mtp = (t.int("num_nextn_predict_layers", 0, low=0) if kind == "deepseek"
@@ -229,7 +230,7 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
     return ModelCfg(
         name=name or str(cfg.get("_name_or_path") or arch), num_hidden_layers=L, hidden_size=H,
         num_attention_heads=nq, num_key_value_heads=nkv, head_dim=d,
-        intermediate_size=t.int("intermediate_size", 0, low=0) or t.int("moe_intermediate_size", 1),
+        intermediate_size=inter or t.int("moe_intermediate_size"),
         vocab_size=V, num_params=total, dtype=dtype, max_position_embeddings=max_pos,
         num_active_params=active if experts else None, num_experts=experts,
         num_experts_per_tok=top_k, attention_type=attention_type, kv_lora_rank=kv_lora,
@@ -294,7 +295,7 @@ def _layer_types(arch: str, t: _Reader, L: int) -> tuple[LayerType, ...]:
     return ("full_attention",) * L
 
 
-def _moe(arch: str, kind: str, t: _Reader, H: int) -> tuple[int, int, int, int]:
+def _moe(kind: str, t: _Reader, H: int) -> tuple[int, int, int, int]:
     """(params of one MoE block, of its active part, routed experts, top-k); zeros if dense."""
     E = (t.int("n_routed_experts", 0, low=0) if kind == "deepseek" else
          t.int("num_local_experts", 0, low=0) if kind == "gpt_oss" else

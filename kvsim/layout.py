@@ -63,15 +63,14 @@ class KVLayout:
     block_size: int                       # vLLM's cache_config.block_size (the attention block)
     block_bytes: int                      # bytes one block id takes on one GPU, all layers
     mamba_cache_mode: MambaCacheMode
-    notes: tuple[str, ...] = ()           # what vLLM logs about it ("Setting attention block ...")
 
 
 # -- attention kernels -------------------------------------------------------------------
 
 
 def attention_kernel_blocks(model: ModelCfg, capability: Capability | None) -> tuple[int, ...]:
-    """The block sizes the attention backend vLLM picks for this GPU generation supports, as
-    (smallest, ...): a multiple of the first when it is the only entry and marked by being 16.
+    """The kernel block sizes of the attention backend vLLM picks for this GPU generation
+    (``(16,)`` stands for vLLM's ``MultipleOf(16)``: any multiple of 16).
 
     Standard attention: FlashAttention (Hopper, Ampere, Ada) or FlashInfer (Blackwell SM100),
     both at multiples of 16. MLA (``platforms/cuda.py _get_backend_priorities``): Hopper
@@ -92,9 +91,7 @@ def preferred_block_size(model: ModelCfg, capability: Capability | None) -> int:
     (``AttentionBackend.get_preferred_block_size``: the default 16 if the kernel takes it,
     else its smallest block)."""
     sizes = attention_kernel_blocks(model, capability)
-    if sizes == (16,) or DEFAULT_BLOCK_SIZE in sizes:
-        return DEFAULT_BLOCK_SIZE
-    return min(sizes)
+    return DEFAULT_BLOCK_SIZE if DEFAULT_BLOCK_SIZE in sizes else min(sizes)
 
 
 # -- Mamba / GatedDeltaNet state ----------------------------------------------------------
@@ -122,8 +119,7 @@ def mamba_prefill_checkpoint_alignment(model: ModelCfg, capability: Capability |
 
 
 def _raise_hybrid_block(model: ModelCfg, rules: LayoutRules, block_size: int, attn_token: int,
-                        mamba_page: int, mode: MambaCacheMode, capability: Capability | None,
-                        notes: list[str]) -> int:
+                        mamba_page: int, mode: MambaCacheMode, capability: Capability | None) -> int:
     """The attention block vLLM raises a hybrid model's block to (>= one Mamba state)."""
     kernel_min = min(attention_kernel_blocks(model, capability))
     if rules.hybrid_align == "model_config":
@@ -137,11 +133,7 @@ def _raise_hybrid_block(model: ModelCfg, rules: LayoutRules, block_size: int, at
         align = math.lcm(align, mamba_prefill_checkpoint_alignment(model, capability) or 1)
     attn_block = align * -(-mamba_page // (align * attn_token))
     attn_block = backend_align * -(-attn_block // backend_align)
-    if block_size < attn_block:
-        notes.append(f"Setting attention block size to {attn_block} tokens to ensure that "
-                     "attention page size is >= mamba page size.")
-        return attn_block
-    return block_size
+    return max(block_size, attn_block)
 
 
 # -- the layout ---------------------------------------------------------------------------
@@ -168,24 +160,18 @@ def derive_layout(model: ModelCfg, rules: LayoutRules, *, tp: int, kv_cache_dtyp
     With caching off vLLM sizes a Mamba group's block to max_model_len; a request then holds one
     state block either way, so kvsim gives that group the attention block.
     """
-    notes: list[str] = []
     attn_token = attention_page_bytes_per_token(model, kv_cache_dtype, tp)
     block = block_size or preferred_block_size(model, capability)
-    if block_size is None and block != DEFAULT_BLOCK_SIZE:
-        notes.append(f"Setting kv cache block size to {block} for the attention backend.")
     layers = model.layers
-    has_mamba = "linear_attention" in layers
     mode: MambaCacheMode = "none"
-    mamba_page = 0
-    if has_mamba:
+    if "linear_attention" in layers:
         mode = mamba_cache_mode(rules, mamba_cache_mode_given, enable_prefix_caching)
-        mamba_page = mamba_page_bytes(model, tp, num_speculative_tokens)
-        block = _raise_hybrid_block(model, rules, block, attn_token, mamba_page, mode,
-                                    capability, notes)
+        block = _raise_hybrid_block(model, rules, block, attn_token,
+                                    mamba_page_bytes(model, tp, num_speculative_tokens), mode,
+                                    capability)
     page = block * attn_token  # every attention layer's page; Mamba pages are padded to it
-    kinds = set(layers)
-    if kinds == {"full_attention"}:
-        return KVLayout(None, block, page * len(layers), mode, tuple(notes))
+    if set(layers) == {"full_attention"}:
+        return KVLayout(None, block, page * len(layers), mode)
 
     # One spec per layer; layers with equal specs form a bucket (in layer order of first
     # appearance), and buckets split into groups of group_size layers.
@@ -198,8 +184,9 @@ def derive_layout(model: ModelCfg, rules: LayoutRules, *, tp: int, kv_cache_dtyp
         mode == "align" and rules.hybrid_checkpoint_alignment) else None
     groups: list[GroupSpec] = []
     for kind, members in buckets.items():
-        for i in range(-(-len(members) // group_size)):
-            n = len(members[i::-(-len(members) // group_size)])
+        num_groups = -(-len(members) // group_size)
+        for i in range(num_groups):
+            n = len(members[i::num_groups])
             if kind == "full_attention":
                 groups.append(GroupSpec("full_attention", block, num_layers=n))
             elif kind == "sliding_attention":
@@ -208,4 +195,4 @@ def derive_layout(model: ModelCfg, rules: LayoutRules, *, tp: int, kv_cache_dtyp
             else:
                 groups.append(GroupSpec("mamba", block, num_layers=n,
                                         prefill_checkpoint_alignment=block if checkpoint else None))
-    return KVLayout(tuple(groups), block, page * group_size, mode, tuple(notes))
+    return KVLayout(tuple(groups), block, page * group_size, mode)

@@ -128,9 +128,7 @@ def _hardware(meta: dict, instance: dict, folder: Path) -> dict:
 
 
 def _model_preset(hf_id: str, where: str) -> str:
-    from kvsim.calibrate.llmservingsim import preset_for
-
-    name = preset_for(hf_id)
+    name = presets.by_hf_id(hf_id, ignore_instruct=True)
     if name is None:
         raise ConfigError(where, f"no kvsim model preset for {hf_id!r}")
     return name

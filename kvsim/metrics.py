@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from array import array
 from dataclasses import fields
@@ -293,15 +294,10 @@ def kv_layout_line(e) -> str:
     block 832, mamba_cache_mode align``."""
     if not e.kv_groups:
         return f"one full-attention pool, block {e.block_size}"
-    parts: list[list] = []
-    for g in e.kv_groups:
-        name = g.kind + (f" {g.sliding_window}" if g.kind == "sliding_window" else "") + (
-            f" ({g.num_layers} layers)" if g.num_layers else "")
-        if parts and parts[-1][1] == name:
-            parts[-1][0] += 1
-        else:
-            parts.append([1, name])
-    groups = " + ".join(f"{n} x {k}" if n > 1 else k for n, k in parts)
+    names = (g.kind + (f" {g.sliding_window}" if g.kind == "sliding_window" else "")
+             + (f" ({g.num_layers} layers)" if g.num_layers else "") for g in e.kv_groups)
+    runs = [(name, len(list(same))) for name, same in itertools.groupby(names)]
+    groups = " + ".join(f"{n} x {name}" if n > 1 else name for name, n in runs)
     mode = f", mamba_cache_mode {e.mamba_cache_mode}" if any(g.kind == "mamba" for g in e.kv_groups) else ""
     return f"{groups}; block {e.block_size}{mode}"
 

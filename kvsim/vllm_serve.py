@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim import presets
+from kvsim.config import model_from_path, model_preset, parse_scenario, toml_value
 from kvsim.errors import ConfigError
 
 # vLLM's destination -> kvsim [engine] key (vLLM's own names) and value type.
@@ -41,13 +42,11 @@ ENGINE_FLAGS: dict[str, tuple[str, str]] = {
     "mamba_cache_mode": ("mamba_cache_mode", "str"),
     "prefix_cache_retention_interval": ("prefix_cache_retention_interval", "int"),
 }
-# --speculative-config keys -> [speculative] keys.
-SPEC_KEYS = {"method": "method", "num_speculative_tokens": "num_speculative_tokens",
-             "disable_eagle_block_drop": "disable_eagle_block_drop",
-             "disable_lookahead_block_hashes": "disable_lookahead_block_hashes",
-             "parallel_drafting": "parallel_drafting"}
-# Drafter checkpoints (EAGLE heads, MTP modules) whose weights kvsim prices as one layer, and
-# settings that change no KV accounting: read, not modelled.
+# --speculative-config keys that are [speculative] keys of the same name, with their types; the
+# others (the drafter checkpoint's "model", kernel settings) are read and named as not modelled.
+SPEC_KEYS = {"method": "str", "num_speculative_tokens": "int", "disable_eagle_block_drop": "bool",
+             "disable_lookahead_block_hashes": "bool", "parallel_drafting": "bool"}
+# vLLM's model-specific MTP method names, which its SpeculativeConfig turns into "mtp".
 SPEC_METHOD_ALIASES = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp", "qwen3_5_mtp": "mtp",
                        "ernie_mtp": "mtp", "glm4_moe_mtp": "mtp", "mimo_mtp": "mtp"}
 
@@ -88,7 +87,9 @@ def human_int(text: str, flag: str) -> int:
 
 def _convert(value: Any, kind: str, flag: str) -> Any:
     if kind == "bool":
-        return bool(value)
+        if not isinstance(value, bool):
+            raise ConfigError(flag, f"must be true or false, got {value!r}")
+        return value
     if kind == "int":
         if isinstance(value, bool):
             raise ConfigError(flag, f"must be an integer, got {value!r}")
@@ -101,14 +102,16 @@ def _convert(value: Any, kind: str, flag: str) -> Any:
     return str(value)
 
 
+def _serve_words(argv: list[str]) -> list[str]:
+    """The command line without its leading ``vllm`` and ``serve`` (both optional)."""
+    words = argv[1:] if argv[:1] == ["vllm"] else list(argv)
+    return words[1:] if words[:1] == ["serve"] else words
+
+
 def parse_serve(argv: list[str], version: str) -> Serve:
     """Read a ``vllm serve`` command line (``vllm`` and ``serve`` optional)."""
     table = flag_table(version)
-    words = list(argv)
-    if words[:1] == ["vllm"]:
-        words = words[1:]
-    if words[:1] == ["serve"]:
-        words = words[1:]
+    words = _serve_words(argv)
     out = Serve()
     spec_json: dict[str, Any] = {}
     spec_flag = "--speculative-config"
@@ -165,9 +168,10 @@ def parse_serve(argv: list[str], version: str) -> Serve:
             out.not_modelled.append(name)
     for k, v in spec_json.items():
         if k in SPEC_KEYS:
-            if k == "method" and isinstance(v, str):
+            v = _convert(v, SPEC_KEYS[k], f"{spec_flag} {k}")
+            if k == "method":
                 v = SPEC_METHOD_ALIASES.get(v, v)
-            out.speculative[SPEC_KEYS[k]] = (v, f"{spec_flag} {k}")
+            out.speculative[k] = (v, f"{spec_flag} {k}")
         else:
             out.not_modelled.append(f"{spec_flag} {k}")
     return out
@@ -201,30 +205,23 @@ def resolve_model(model: str | None) -> tuple[str, str, str]:
                       f"{model} config.json) and give its path")
 
 
-def _toml(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    return json.dumps(v)
-
-
-def scenario_text(serve: Serve, hardware: str, version: str, command: str) -> str:
-    """The commented scenario TOML of a parsed command line."""
-    key, value, note = resolve_model(serve.model)
+def scenario_text(serve: Serve, model: tuple[str, str, str], hardware: str, version: str,
+                  command: str) -> str:
+    """The commented scenario TOML of a parsed command line (``model`` from resolve_model)."""
+    key, value, note = model
     lines = ["# Written by kvsim init from:", f"#   {command}",
              "# Each [engine] key carries vLLM's name; keys left out take vLLM's default for",
              "# vllm_version (docs/scenario.md). The workload is a placeholder: edit it to your traffic.",
-             "", "[model]", f"{key} = {_toml(value)}" + (f"  # {note}" if note else ""),
-             "", "[hardware]", f"preset = {_toml(hardware)}", "", "[engine]",
-             f"vllm_version = {_toml(version)}"]
-    width = max((len(f"{k} = {_toml(v)}") for k, (v, _) in serve.engine.items()), default=0)
+             "", "[model]", f"{key} = {toml_value(value)}" + (f"  # {note}" if note else ""),
+             "", "[hardware]", f"preset = {toml_value(hardware)}", "", "[engine]",
+             f"vllm_version = {toml_value(version)}"]
+    width = max((len(f"{k} = {toml_value(v)}") for k, (v, _) in serve.engine.items()), default=0)
     for k, (v, flag) in serve.engine.items():
-        lines.append(f"{k} = {_toml(v)}".ljust(width) + f"  # {flag}")
+        lines.append(f"{k} = {toml_value(v)}".ljust(width) + f"  # {flag}")
     if serve.speculative:
         lines += ["", "[speculative]"]
         for k, (v, flag) in serve.speculative.items():
-            lines.append(f"{k} = {_toml(v)}  # {flag}")
+            lines.append(f"{k} = {toml_value(v)}  # {flag}")
     lines += ["", "[workload]", 'kind = "synthetic"', 'generator = "shared_prefix"',
               "num_requests = 200", "request_rate = 4.0", "system_prompt_tokens = 1024",
               "user_history_tokens = 2048", "input_tokens = 256", "output_tokens = 256", ""]
@@ -233,21 +230,17 @@ def scenario_text(serve: Serve, hardware: str, version: str, command: str) -> st
 
 def init(argv: list[str], hardware: str, version: str) -> tuple[str, list[str]]:
     """(scenario TOML, flags read but not modelled); the scenario is checked by parsing it."""
-    from kvsim.config import parse_scenario
-
     serve = parse_serve(argv, version)
+    model = resolve_model(serve.model)
     spec = serve.speculative
     if "method" in spec and "num_speculative_tokens" not in spec and spec["method"][0] == "mtp":
         # vLLM's SpeculativeConfig: MTP defaults to the checkpoint's MTP layers.
-        from kvsim.config import model_from_path, model_preset
-
-        key, value, _ = resolve_model(serve.model)
-        m = model_preset(value) if key == "preset" else model_from_path(value, "MODEL")
+        key, value, _ = model
+        m = model_preset(value) if key == "preset" else model_from_path(value)
         spec["num_speculative_tokens"] = (m.num_nextn_predict_layers,
                                           "vLLM's default for mtp: the checkpoint's MTP layers")
-    words = argv[2:] if argv[:2] == ["vllm", "serve"] else argv[1:] if argv[:1] == ["serve"] else argv
-    command = shlex.join(["vllm", "serve", *words])
-    text = scenario_text(serve, hardware, version, command)
+    command = shlex.join(["vllm", "serve", *_serve_words(argv)])
+    text = scenario_text(serve, model, hardware, version, command)
     try:
         parse_scenario(tomllib.loads(text), Path("scenario.toml"))
     except ConfigError as exc:  # name the flag the key came from
