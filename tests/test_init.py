@@ -70,6 +70,8 @@ def test_an_unmodelled_flag_is_named_on_stderr(tmp_path, capsys):
 @pytest.mark.parametrize("words, message", [
     (["qwen3-8b", "--max-num-seq", "8"], "--max-num-seq: vLLM 0.33.0 has no such flag (did you mean"),
     (["qwen3-8b", "--speculative-config", "{method: mtp}"], "--speculative-config: not valid JSON"),
+    (["qwen3-8b", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": null}'],
+     "--speculative-config num_speculative_tokens: must be an integer"),
     (["qwen3-8b", "--max-num-seqs", "many"], "--max-num-seqs: must be an integer"),
     (["qwen3-8b", "-tp", "3"], "-tp 3: 3 does not divide num_attention_heads (32)"),
     (["Nobody/Model-1B"], "Nobody/Model-1B: no shipped preset"),
