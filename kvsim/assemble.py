@@ -1,34 +1,80 @@
-"""Put one engine's accounting together: pool, KV manager (one group or hybrid), scheduler.
+"""Put one engine together from its parts: the accounting (pool, KV manager for one group or
+hybrid, scheduler) and its step-time model.
 
-Used by the simulation (``engine.build_scheduler``, from a scenario) and by the oracle replay
-(``oracle.replay.build``, from a driver-format engine table), so both build the same thing.
+The schema's records stop here: ``build_scheduler`` and ``cost_inputs`` hand the accounting and
+the cost models their own small records of a scenario. The oracle replay
+(``oracle.replay.build``, from a driver-format engine table) calls ``assemble_scheduler``
+too, so both build the same thing.
 """
 
 from __future__ import annotations
 
 from math import lcm
+from pathlib import Path
 
-from kvsim.config import SpecCfg
+from kvsim.config import model_preset
+from kvsim.cost.base import CostInputs, Drafter
 from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager
 from kvsim.kv.pool import BlockPool
 from kvsim.sched import Scheduler, SchedulerParams
+from kvsim.schema import Scenario
 from kvsim.semantics import Semantics
-from kvsim.specdec import derive_spec
+from kvsim.specdec import Acceptance, Drafting, derive_spec
 
 
-def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: SpecCfg, *,
+def build_scheduler(sc: Scenario) -> Scheduler:
+    """A fresh scheduler with its own pool and manager for the scenario's engine."""
+    e = sc.engine
+    params = SchedulerParams(
+        max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
+        max_model_len=e.max_model_len, enable_chunked_prefill=e.enable_chunked_prefill,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        scheduling_policy=e.scheduling_policy,
+        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
+        async_scheduling=e.async_scheduling)
+    return assemble_scheduler(e.semantics, params,
+                              sc.speculative.drafting(sc.model.num_nextn_predict_layers),
+                              num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size,
+                              enable_caching=e.enable_prefix_caching,
+                              kv_groups=list(e.kv_groups or ()),
+                              retention_interval=e.retention_interval)
+
+
+def acceptance_for(sc: Scenario, record: bool = False) -> Acceptance:
+    """The scenario's acceptance model (``record``: keep every draw, for validation)."""
+    s = sc.speculative
+    return Acceptance(s.acceptance, s.acceptance_rates, s.num_accepted, sc.run.seed, record)
+
+
+def cost_inputs(sc: Scenario) -> CostInputs:
+    """What the scenario's step-time model is given (the draft model's shape resolved)."""
+    s, hw, c, e = sc.speculative, sc.hardware, sc.cost, sc.engine
+    draft = None
+    if s.method == "draft_model" and s.draft_model:
+        draft = model_preset(s.draft_model, "speculative.draft_model")
+    return CostInputs(
+        model=sc.model, tensor_parallel_size=e.tensor_parallel_size,
+        kv_cache_dtype=e.kv_cache_dtype, peak_flops_per_s=hw.peak_flops_per_s,
+        mem_bandwidth_bytes_per_s=hw.mem_bandwidth_bytes_per_s,
+        interconnect_bandwidth_bytes_per_s=hw.interconnect_bandwidth_bytes_per_s,
+        interconnect_latency_s=hw.interconnect_latency_s,
+        compute_efficiency=c.compute_efficiency, bandwidth_efficiency=c.bandwidth_efficiency,
+        step_overhead_s=c.step_overhead_s, profile=Path(c.profile) if c.profile else None,
+        drafter=Drafter(s.method, s.num_speculative_tokens, draft))
+
+
+def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, *,
                        num_gpu_blocks: int, block_size: int, enable_caching: bool,
                        kv_groups: list[GroupSpec] | None = None,
-                       retention_interval: int | None = None,
-                       num_nextn_predict_layers: int = 1) -> Scheduler:
+                       retention_interval: int | None = None) -> Scheduler:
     """A fresh scheduler over its own pool; ``params.spec`` is derived here from ``spec``.
 
     With ``kv_groups``, each group's block size applies and ``block_size`` does not;
     ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` (None: dense).
     """
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
-    setup = derive_spec(spec, sem, enable_caching, scheduler_block_size, num_nextn_predict_layers)
+    setup = derive_spec(spec, sem, enable_caching, scheduler_block_size)
     pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
     if kv_groups:
         # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.

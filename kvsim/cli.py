@@ -91,7 +91,8 @@ def cmd_run(args) -> int:
 
 def _run(args) -> int:
     from kvsim import engine, metrics
-    from kvsim.config import load_scenario, resolved_toml
+    from kvsim.config import load_scenario
+    from kvsim.scenario_text import resolved_toml
     from kvsim.workload import build_requests, iter_requests
 
     path = Path(args.scenario)

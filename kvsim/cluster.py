@@ -39,10 +39,10 @@ from __future__ import annotations
 
 import random
 
-from kvsim.config import ClusterCfg, Scenario
 from kvsim.engine import Records, build_scheduler, simulate
 from kvsim.request import Request, Status
 from kvsim.sched import Scheduler
+from kvsim.schema import ClusterCfg, Scenario
 from kvsim.specdec import Acceptance
 
 

@@ -2,10 +2,11 @@
 
 A scenario has the sections ``[model]``, ``[hardware]``, ``[engine]``, ``[speculative]``,
 ``[workload]``, ``[cost]``, ``[run]`` and, for several replicas behind a router,
-``[cluster]``. Engine keys carry vLLM's engine-argument names and take vLLM's default for the
-chosen ``vllm_version`` when left out. Every key is declared once in ``SCHEMA`` below, with
-its type, default and meaning; ``docs/scenario.md`` is checked against it. Bad input raises
-``ConfigError`` naming the key.
+``[cluster]``. Every key is declared once in ``kvsim.schema``, with its type, default and
+meaning; this module checks a file against it and fills in what is derived: the model from a
+preset or config.json (``kvsim.hf``), its KV layout (``kvsim.layout``) and the engine keys
+left out, from vLLM's defaults for the chosen ``vllm_version`` (``kvsim.semantics``). Bad input
+raises ``ConfigError`` naming the key.
 """
 
 from __future__ import annotations
@@ -14,488 +15,37 @@ import difflib
 import math
 import re
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from kvsim import hf, presets, traces
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
-from kvsim.layout import KVLayout, derive_layout, mamba_cache_mode
-from kvsim.model import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, ModelCfg, attention_page_bytes_per_token
-from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
-
-GiB = 1 << 30
-
-
-@dataclass(frozen=True, slots=True)
-class Key:
-    """One scenario key: its type (``int``, ``float``, ``bool``, ``str``), default and doc.
-
-    ``default=REQUIRED`` means the key must be given (or come from a preset); ``None`` means
-    "derived" (documented in ``doc``). ``choices`` restricts strings; ``low`` bounds numbers
-    from below (``low_open`` makes the bound strict).
-    """
-
-    name: str
-    type: str
-    default: Any
-    doc: str
-    choices: tuple = ()
-    low: float | None = None
-    low_open: bool = False
-    high: float | None = None
-    derived: bool = False  # a None default is computed from other keys (see doc)
-
-
-REQUIRED = object()
-RETENTION = 'int or "dense"'  # the type of prefix_cache_retention_interval
-
-MODEL_KEYS = (
-    Key("preset", "str", None,
-        "A shipped model preset (`kvsim presets`), by name or Hugging Face id (`Qwen/Qwen3-32B`): "
-        "a public config.json read as `config` is; any key below overrides it."),
-    Key("config", "str", None,
-        "A model's Hugging Face `config.json` (or a folder holding one), relative to the scenario: "
-        "kvsim reads what vLLM reads (layers and their kinds, heads, MLA, MoE, MTP layers, dtype), "
-        "counts the parameters from the shapes and derives the KV layout (`[[engine.kv_groups]]`, "
-        "block sizes) as vLLM does. Any key below overrides it."),
-    Key("name", "str", "custom", "Label used in outputs."),
-    Key("num_hidden_layers", "int", REQUIRED, "Decoder layers (HF `num_hidden_layers`).", low=1),
-    Key("hidden_size", "int", REQUIRED, "Model width.", low=1),
-    Key("num_attention_heads", "int", REQUIRED, "Query heads.", low=1),
-    Key("num_key_value_heads", "int", REQUIRED, "KV heads (GQA).", low=1),
-    Key("head_dim", "int", REQUIRED, "Per-head dimension.", low=1),
-    Key("intermediate_size", "int", REQUIRED, "MLP width (activation-memory estimate).", low=1),
-    Key("vocab_size", "int", REQUIRED, "Vocabulary size (LM-head cost).", low=1),
-    Key("num_params", "int", REQUIRED, "Total parameters (weight bytes and linear FLOPs).", low=1),
-    Key("dtype", "str", "bfloat16", "Weight dtype.", choices=tuple(DTYPE_BYTES)),
-    Key("max_position_embeddings", "int", REQUIRED, "Context length; the default `max_model_len`.", low=1),
-    Key("num_active_params", "int", None, "Parameters active per token (MoE); default `num_params`.",
-        low=1),
-    Key("num_experts", "int", 0, "Routed experts per MoE layer (HF `num_experts`, `n_routed_experts` "
-        "or `num_local_experts`); 0: a dense model.", low=0),
-    Key("num_experts_per_tok", "int", 0, "Routed experts each token activates (MoE top-k).", low=0),
-    Key("attention_type", "str", "gqa", "`gqa` (K and V per KV head) or `mla` (one latent of "
-        "`kv_lora_rank + qk_rope_head_dim` per token and layer, replicated across TP ranks).",
-        choices=("gqa", "mla")),
-    Key("kv_lora_rank", "int", 0, "MLA latent width.", low=0),
-    Key("qk_rope_head_dim", "int", 0, "MLA rotary key width.", low=0),
-    Key("num_nextn_predict_layers", "int", 1, "MTP modules the checkpoint ships (more than one "
-        "makes `mtp` multi-module).", low=0),
-    Key("mtp_params", "int", 0, "Parameters of one MTP module's own weights: its decoder layer, "
-        "input projection and norms (information; the cost model prices an MTP/EAGLE head as one "
-        "average decoder layer).", low=0),
+from kvsim.layout import KVLayout, derive_layout, estimate_kv_cache_bytes, mamba_cache_mode
+from kvsim.model import ModelCfg, attention_page_bytes_per_token
+from kvsim.schema import (
+    DEPLOYMENT_REPLICAS,
+    ENGINE_KEYS,
+    GROUP_KEYS,
+    MODEL_KEYS,
+    REQUIRED,
+    RETENTION,
+    SCHEMA,
+    SHARED_ENGINE_KEYS,
+    ClusterCfg,
+    CostCfg,
+    EngineCfg,
+    GiB,
+    HardwareCfg,
+    Key,
+    RunCfg,
+    Scenario,
+    SpecCfg,
+    WorkloadCfg,
 )
-
-HARDWARE_KEYS = (
-    Key("preset", "str", None, "Name of a shipped hardware preset; any key below overrides it."),
-    Key("name", "str", "custom", "Label used in outputs."),
-    Key("device_name", "str", "", "Device name as torch reports it (information only)."),
-    Key("compute_capability", "str", None, "CUDA compute capability, `major.minor` (`9.0` for "
-        "Hopper, `10.0` for B200, `12.0` for RTX PRO 6000 / RTX 50, `8.9` Ada, `8.0` A100): vLLM "
-        "picks its attention kernels, and so MLA block sizes and a hybrid model's attention "
-        "block, by it. Needed for MLA and hybrid models."),
-    Key("peak_flops_per_s", "float", None, "Dense BF16/FP16 tensor-core peak, FLOP/s: needed by "
-        "the roofline cost model (a fitted profile has the GPU's measured times).",
-        low=0, low_open=True),
-    Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.",
-        low=0, low_open=True),
-    Key("memory_bytes", "int", REQUIRED, "Device memory, bytes.", low=1),
-    Key("interconnect_bandwidth_bytes_per_s", "float", None, "GPU-to-GPU bandwidth per direction "
-        "(NVLink, or PCIe without it), bytes/s: the tensor parallel all-reduces; needed when "
-        "`tensor_parallel_size` > 1.", low=0, low_open=True),
-    Key("interconnect_latency_s", "float", 5e-6, "Latency of one step of a ring all-reduce, "
-        "seconds.", low=0),
-)
-
-ENGINE_KEYS = (
-    Key("vllm_version", "str", DEFAULT_VERSION, "The vLLM release whose accounting to reproduce.",
-        choices=tuple(VERSIONS)),
-    Key("block_size", "int", None, "Tokens per KV block (`--block-size`). Default as vLLM: the "
-        "attention kernel's preferred size (16; 32 for MLA on Blackwell B200), raised for hybrid "
-        "models until an attention page holds a Mamba state. With `kv_groups`: the lcm of the "
-        "group block sizes.", low=1, derived=True),
-    Key("num_gpu_blocks", "int", None,
-        "The whole block pool, vLLM's reserved null block included (as `--num-gpu-blocks-override` "
-        "means it). Left out: derived from memory like vLLM (see below).", low=2, derived=True),
-    Key("gpu_memory_utilization", "float", None,
-        "Fraction of device memory vLLM may use (default per version: 0.92 for 0.33).",
-        low=0, low_open=True, high=1, derived=True),
-    Key("kv_cache_memory_bytes", "int", None, "KV cache size in bytes (`--kv-cache-memory-bytes`); "
-        "overrides the memory-based estimate.", low=1),
-    Key("kv_cache_dtype", "str", "auto", "KV cache dtype (`auto` = model dtype).",
-        choices=("auto", *KV_CACHE_DTYPE_BYTES)),
-    Key("tensor_parallel_size", "int", 1, "GPUs per replica: weights, KV heads and FLOPs are split "
-        "across them; each layer's two all-reduces cross `[hardware]`'s interconnect.", low=1),
-    Key("enable_prefix_caching", "bool", True, "Automatic prefix caching."),
-    Key("max_num_batched_tokens", "int", None, "Token budget per step. Default as `vllm serve`: "
-        "8192 on a device with >= 70 GiB that is not an A100 (16384 at >= 160 GiB), else 2048.",
-        low=1, derived=True),
-    Key("max_num_seqs", "int", None, "Running-request cap. Default as `vllm serve`: 1024 at >= 70 GiB "
-        "(not A100), else 256.", low=1, derived=True),
-    Key("max_model_len", "int", None, "Longest sequence (prompt + output); default the model's "
-        "`max_position_embeddings`, and may exceed it.", low=2, derived=True),
-    Key("enable_chunked_prefill", "bool", True, "Split prompts across steps."),
-    Key("long_prefill_token_threshold", "int", 0, "Per-step chunk cap for a request (0 = off).", low=0),
-    Key("scheduling_policy", "str", "fcfs", "`fcfs` or `priority` (lower value first).",
-        choices=("fcfs", "priority")),
-    Key("scheduler_reserve_full_isl", "bool", True, "Admit a waiting request only if its whole "
-        "prompt fits in free blocks."),
-    Key("async_scheduling", "bool", None, "Asynchronous scheduling: the next step is scheduled "
-        "while this one runs. Default: on, as in vLLM, except where vLLM's default turns it off: "
-        "ngram drafting before 0.33 and draft_model drafting in 0.19/0.22 (`true` with ngram is "
-        "refused before 0.33, as vLLM does).", derived=True),
-    Key("kv_groups", "groups", None, "Hybrid layout: a list of `[[engine.kv_groups]]` tables (keys "
-        "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool. "
-        "Default: the layout vLLM builds for the model (from its config.json: sliding-window and "
-        "linear-attention layers), else one full-attention pool.", derived=True),
-    Key("mamba_cache_mode", "str", None, "How Mamba / GatedDeltaNet states are cached "
-        "(`--mamba-cache-mode`): `align` (prefix caching on), `none` (off); vLLM 0.19/0.22 also "
-        "have `all`, which GatedDeltaNet models turn into `align`. Default from "
-        "`enable_prefix_caching`, as vLLM sets it.", choices=("none", "align", "all"), derived=True),
-    Key("prefix_cache_retention_interval", RETENTION, None, "Which sliding-window and Mamba "
-        "checkpoints the prefix cache keeps (`--prefix-cache-retention-interval`, vLLM 0.32+): `0` "
-        "only a prompt's replay boundary and the shared-prefix junctions lookups find; a positive "
-        "multiple of the scheduler block size (the lcm of the group block sizes) also one per "
-        "that many tokens; `\"dense\"` (vLLM's `None`) one at every scheduler block. Default: the "
-        "release's (`0` for 0.32 and 0.33; `\"dense\"` before 0.32, which has no such setting).",
-        derived=True),
-)
-
-GROUP_KEYS = (
-    Key("kind", "str", REQUIRED, "`full_attention`, `sliding_window` or `mamba` (one Mamba group at "
-        "most, in a layout whose groups all share its `block_size`, as vLLM sizes attention "
-        "blocks for Mamba models; prefix caching on means vLLM's `mamba_cache_mode = \"align\"`).",
-        choices=("full_attention", "sliding_window", "mamba")),
-    Key("block_size", "int", REQUIRED, "Tokens per block of this group.", low=1),
-    Key("sliding_window", "int", None, "Window in tokens (sliding_window groups only).", low=1),
-    Key("eagle", "bool", False, "Holds the drafter's layer (EAGLE/MTP). With an EAGLE-family "
-        "method and no group marked, every group is, as in vLLM."),
-    Key("num_layers", "int", None, "Layers in this group (memory estimate only).", low=1),
-    Key("prefill_checkpoint_alignment", "int", None, "Mamba groups, vLLM 0.32+: the layers "
-        "export a prefix-cache state from inside a prefill chunk at offsets that are multiples "
-        "of this many tokens (vLLM's `MambaSpec.prefill_checkpoint_alignment`): `1` for Mamba2 "
-        "layers (NemotronH, Bamba, Granite 4, Falcon-H1, Zamba2), the `block_size` for "
-        "GatedDeltaNet (Qwen3-Next, Qwen3.5) with the FlashInfer prefill kernel. Left out "
-        "(Mamba1 layers: Jamba; GDN on the FLA kernel) the scheduler ends a chunk at the "
-        "checkpoint instead.", low=1),
-)
-
-SPEC_METHODS = ("none", "ngram", "eagle", "eagle3", "mtp", "draft_model")
-EAGLE_METHODS = ("eagle", "eagle3", "mtp")
-
-
-def num_prefill_lookahead(method: str, k: int, num_nextn_predict_layers: int, sem: Semantics) -> int:
-    """vLLM 0.32+'s num_prefill_lookahead_tokens: how far an EAGLE-family drafter reads past
-    a prefill chunk (1; k for multi-module MTP, each module one token further)."""
-    if method not in EAGLE_METHODS or not sem.has_prefill_lookahead:
-        return 0
-    return k if method == "mtp" and min(num_nextn_predict_layers, k) > 1 else 1
-
-
-SPECULATIVE_KEYS = (
-    Key("method", "str", "none", "Speculative decoding method, as vLLM's `--speculative-config` "
-        "`method`.", choices=SPEC_METHODS),
-    Key("num_speculative_tokens", "int", None, "Drafts per step, k (required with a method).", low=1),
-    Key("acceptance", "str", "per_position", "Acceptance model: `per_position` (drafts accepted "
-        "before the first rejection, position i accepted with probability `acceptance_rates[i]`, "
-        "seeded per request), `fixed` (`num_accepted` per step), or `trace` (each request's "
-        "`accepted` list from the trace, cycled).", choices=("per_position", "fixed", "trace")),
-    Key("acceptance_rates", "floats", None, "Per-position acceptance probability, given the "
-        "previous draft was accepted; default 0.7 at every position.", low=0, high=1),
-    Key("num_accepted", "int", None, "Drafts accepted per verify step (acceptance = fixed).", low=0),
-    Key("draft_model", "str", None, "Model preset of the draft model (method = draft_model); "
-        "costs its forward passes. Default: the target model's preset."),
-    Key("disable_eagle_block_drop", "bool", False, "vLLM's opt-out of the EAGLE last-block drop "
-        "(0.32 and later)."),
-    Key("disable_lookahead_block_hashes", "bool", False, "vLLM 0.33: go back from lookahead "
-        "block hashes to the block drop."),
-    Key("parallel_drafting", "bool", False, "Parallel drafting (P-EAGLE / PARD): more input "
-        "slots per request."),
-)
-
-TRACE_FORMATS = ("kvsim", "mooncake", "azure")
-GENERATOR_NAMES = ("shared_prefix", "multi_turn", "rag", "agent", "trace_lengths")
-TRACE_ONLY_KEYS = ("path", "format", "speedup", "window_start_s", "window_end_s", "sample_fraction")
-
-WORKLOAD_KEYS = (
-    Key("kind", "str", "synthetic", "`trace` (read a file) or `synthetic` (generate).",
-        choices=("trace", "synthetic")),
-    Key("trace", "str", None, "A known public trace by name (`kvsim traces`), read from the trace "
-        "cache (`$KVSIM_TRACE_DIR`, else `~/.cache/kvsim/traces`). Give `trace` or `path`."),
-    Key("path", "str", None, "Trace file, relative to the scenario file (kind = trace, "
-        "arrival = trace, or generator = trace_lengths)."),
-    Key("format", "str", None, "Trace format: `kvsim` JSONL, `mooncake` JSONL (hash ids), `azure` "
-        "CSV. Default: the named trace's format, else `kvsim`.", choices=TRACE_FORMATS, derived=True),
-    Key("speedup", "float", 1.0, "Replay the trace this many times faster: arrival times (after the "
-        "window) are divided by it.", low=0, low_open=True),
-    Key("window_start_s", "float", 0.0, "Keep trace requests arriving at or after this trace time, "
-        "seconds; it becomes t = 0.", low=0),
-    Key("window_end_s", "float", None, "Keep trace requests arriving before this trace time, seconds "
-        "(default: to the end).", low=0, low_open=True),
-    Key("sample_fraction", "float", 1.0, "Keep this fraction of the trace's requests in the window, "
-        "drawn without replacement with the run's seed, in trace order.", low=0, low_open=True,
-        high=1),
-    Key("generator", "str", "shared_prefix", "Synthetic generator (kind = synthetic; see Workloads).",
-        choices=GENERATOR_NAMES),
-    Key("arrival", "str", "poisson", "Arrival process of the requests (`shared_prefix`, `rag`) or of "
-        "the conversations / sessions (`multi_turn`, `agent`): `poisson` at `request_rate`, `gamma` "
-        "(mean rate `request_rate`, inter-arrival CV `arrival_cv`), `trace` (the arrival times of "
-        "the trace given by `trace` or `path`, after window, sampling and speedup).",
-        choices=("poisson", "gamma", "trace")),
-    Key("arrival_cv", "float", 2.0, "Coefficient of variation of gamma inter-arrival times (1: "
-        "Poisson; above 1: bursty).", low=0, low_open=True),
-    Key("num_requests", "int", 100, "Requests to generate.", low=1),
-    Key("request_rate", "float", 10.0, "Mean arrival rate, per second, of requests or of "
-        "conversations / sessions (`inf`: all at t = 0).", low=0, low_open=True),
-    Key("system_prompt_tokens", "int", 512, "Prefix shared by every request.", low=0),
-    Key("num_users", "int", 8, "shared_prefix: users; each request belongs to one, drawn "
-        "uniformly.", low=1),
-    Key("user_history_tokens", "int", 1024, "shared_prefix: per-user prefix after the system "
-        "prompt, shared by that user's requests.", low=0),
-    Key("input_tokens", "int", 128, "Fresh tokens per request: shared_prefix and rag: the question "
-        "at the end; multi_turn: each new user message; agent: mean tool observation "
-        "(exponential).", low=1),
-    Key("output_tokens", "int", 128, "Tokens each request generates (`max_tokens`).", low=1),
-    Key("turns", "int", 4, "multi_turn: requests per conversation; agent: steps per session.",
-        low=1),
-    Key("think_time_s", "float", 5.0, "multi_turn, agent: mean time (exponential) from one turn's "
-        "arrival to the next (reading and typing, or the tool call).", low=0),
-    Key("context_tokens", "int", 8192, "agent: per-session context after the system prompt (task, "
-        "files), shared by that session's steps only.", low=0),
-    Key("num_documents", "int", 1000, "rag: documents in the pool.", low=1),
-    Key("documents_per_request", "int", 4, "rag: documents in each prompt (distinct).", low=1),
-    Key("document_tokens", "int", 1024, "rag: tokens per document.", low=1),
-    Key("zipf_s", "float", 1.0, "rag: document popularity exponent: the document of rank r is "
-        "drawn with weight r^-s (0: uniform).", low=0),
-    Key("acceptance_rate_mean", "float", None, "Give every request an `accepted` list (for "
-        "speculative.acceptance = 'trace'; requests that carry one keep it): a per-request "
-        "acceptance rate p drawn from a beta distribution with this mean, each draft position "
-        "accepted with probability p until the first rejection.", low=0, high=1),
-    Key("acceptance_rate_sd", "float", 0.1, "Standard deviation of the per-request acceptance "
-        "rate (0: every request has the mean).", low=0),
-)
-
-COST_KEYS = (
-    Key("model", "str", None, "Step-time model: `roofline` (uncalibrated, from `[hardware]` numbers) "
-        "or `fitted` (a calibration profile, `kvsim calibrate`); default `fitted` when `profile` is "
-        "given, else `roofline`.", choices=("roofline", "fitted"), derived=True),
-    Key("profile", "str", None, "Cost profile written by `kvsim calibrate` (a JSON file, relative to "
-        "the scenario) or a shipped profile's name (`rtxpro6000-llama-3.1-8b-tp1`, ...); it must be "
-        "for the scenario's model shape and `tensor_parallel_size`."),
-    Key("compute_efficiency", "float", 0.6, "Fraction of peak FLOP/s a step reaches.", low=0,
-        low_open=True, high=1),
-    Key("bandwidth_efficiency", "float", 0.8, "Fraction of peak bandwidth a step reaches.", low=0,
-        low_open=True, high=1),
-    Key("step_overhead_s", "float", 0.002, "Fixed per-step engine overhead, seconds, added to either "
-        "model: vLLM's CPU work between steps (scheduling, input preparation, sampling) and kernel "
-        "launch gaps, which layer timings do not see (not added to a profile fitted to whole engine steps, "
-        "whose fixed term holds it).", low=0),
-)
-
-RUN_KEYS = (
-    Key("seed", "int", 0, "Seed for every random choice (same seed, same output).", low=0),
-    Key("max_requests", "int", None, "Use only the first N requests of the workload (of a trace: after its "
-        "window and sampling).", low=1),
-    Key("max_sim_time_s", "float", None, "Stop the clock here; unfinished requests are reported "
-        "unfinished.", low=0, low_open=True),
-    Key("max_steps", "int", None, "Stop after this many engine steps.", low=1),
-)
-
-ROUTERS = ("round_robin", "random", "least_loaded", "prefix_aware", "session_affinity")
-# Engine keys every replica of a cluster shares: they decide the block hashes a prefix-aware
-# router compares across replicas (one deployment: one model, one vLLM image, one block size).
-SHARED_ENGINE_KEYS = ("vllm_version", "block_size", "kv_groups")
-
-CLUSTER_KEYS = (
-    Key("replicas", "int", 1, "Replicas behind the router, each a whole vLLM engine (`[engine]`) "
-        "with its own KV cache. With `[[cluster.deployment]]` tables: their total (leave it out).",
-        low=1),
-    Key("router", "str", "round_robin", "Routing policy, decided when a request arrives: "
-        "`round_robin`, `random` (seeded by `run.seed`), `least_loaded` (by `load_metric`), "
-        "`prefix_aware` (longest cached prefix against pending work, see `load_weight`), "
-        "`session_affinity` (sticky by the request's session id). See Clusters.",
-        choices=ROUTERS),
-    Key("load_metric", "str", "requests", "The load `least_loaded` and `session_affinity` "
-        "balance: `requests` (waiting + running + routed but not yet admitted) or `kv_usage` "
-        "(vLLM's KV-cache usage).", choices=("requests", "kv_usage")),
-    Key("load_weight", "float", 0.5, "prefix_aware: w in score = (1 - w) * cached prefix tokens "
-        "- w * pending tokens; 0 follows the cache alone, 1 the pending work alone, 0.5 trades "
-        "them token for token.", low=0, high=1),
-    Key("deployment", "deployments", None, "Replicas with their own engine settings: a list of "
-        "`[[cluster.deployment]]` tables (keys below), replicas numbered in table order."),
-)
-
-DEPLOYMENT_REPLICAS = Key("replicas", "int", 1, "Replicas of this deployment.", low=1)
-
-SCHEMA: dict[str, tuple[Key, ...]] = {
-    "model": MODEL_KEYS, "hardware": HARDWARE_KEYS, "engine": ENGINE_KEYS,
-    "speculative": SPECULATIVE_KEYS, "workload": WORKLOAD_KEYS, "cost": COST_KEYS, "run": RUN_KEYS,
-    "cluster": CLUSTER_KEYS,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class HardwareCfg:
-    name: str
-    device_name: str
-    mem_bandwidth_bytes_per_s: float
-    memory_bytes: int
-    peak_flops_per_s: float | None = None
-    interconnect_bandwidth_bytes_per_s: float | None = None
-    interconnect_latency_s: float = 5e-6
-    compute_capability: str | None = None
-
-    @property
-    def capability(self) -> tuple[int, int] | None:
-        """compute_capability as (major, minor), or None if not given."""
-        if self.compute_capability is None:
-            return None
-        major, minor = self.compute_capability.split(".")
-        return int(major), int(minor)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineCfg:
-    vllm_version: str
-    block_size: int
-    num_gpu_blocks: int
-    num_gpu_blocks_derived: bool
-    gpu_memory_utilization: float
-    kv_cache_memory_bytes: int | None
-    kv_cache_dtype: str
-    tensor_parallel_size: int
-    enable_prefix_caching: bool
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    max_model_len: int
-    enable_chunked_prefill: bool
-    long_prefill_token_threshold: int
-    scheduling_policy: str
-    scheduler_reserve_full_isl: bool
-    async_scheduling: bool
-    kv_groups: tuple[GroupSpec, ...] | None = None
-    prefix_cache_retention_interval: int | str = 0  # an interval >= 0 or "dense"
-    mamba_cache_mode: str = "none"
-
-    @property
-    def retention_interval(self) -> int | None:
-        """The setting as vLLM's KVCacheConfig holds it (None: dense)."""
-        return vllm_retention(self.prefix_cache_retention_interval)
-
-    @property
-    def semantics(self) -> Semantics:
-        sem = semantics_for(self.vllm_version)
-        assert sem is not None  # checked at load
-        return sem
-
-
-@dataclass(frozen=True, slots=True)
-class SpecCfg:
-    method: str = "none"
-    num_speculative_tokens: int = 0
-    acceptance: str = "per_position"
-    acceptance_rates: tuple[float, ...] = ()
-    num_accepted: int = 0
-    draft_model: str | None = None
-    disable_eagle_block_drop: bool = False
-    disable_lookahead_block_hashes: bool = False
-    parallel_drafting: bool = False
-
-    @property
-    def enabled(self) -> bool:
-        return self.method != "none"
-
-    @property
-    def eagle_family(self) -> bool:
-        return self.method in EAGLE_METHODS
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadCfg:
-    kind: str
-    format: str
-    path: Path | None
-    generator: str
-    num_requests: int
-    request_rate: float
-    system_prompt_tokens: int
-    num_users: int
-    user_history_tokens: int
-    input_tokens: int
-    output_tokens: int
-    trace: str | None = None
-    speedup: float = 1.0
-    window_start_s: float = 0.0
-    window_end_s: float | None = None
-    sample_fraction: float = 1.0
-    arrival: str = "poisson"
-    arrival_cv: float = 2.0
-    turns: int = 4
-    think_time_s: float = 5.0
-    context_tokens: int = 8192
-    num_documents: int = 1000
-    documents_per_request: int = 4
-    document_tokens: int = 1024
-    zipf_s: float = 1.0
-    acceptance_rate_mean: float | None = None
-    acceptance_rate_sd: float = 0.1
-
-    @property
-    def reads_trace(self) -> bool:
-        """A trace file is read: for its requests, or for arrival times or lengths only."""
-        return self.kind == "trace" or self.arrival == "trace" or (
-            self.kind == "synthetic" and self.generator == "trace_lengths")
-
-
-@dataclass(frozen=True, slots=True)
-class CostCfg:
-    model: str
-    compute_efficiency: float
-    bandwidth_efficiency: float
-    step_overhead_s: float
-    profile: str | None = None  # resolved path of the calibration profile (model = fitted)
-
-
-@dataclass(frozen=True, slots=True)
-class RunCfg:
-    seed: int
-    max_requests: int | None
-    max_sim_time_s: float | None
-    max_steps: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterCfg:
-    replicas: int
-    router: str
-    load_metric: str
-    load_weight: float
-    # [[cluster.deployment]] tables as given: (replicas, ((engine key, value), ...)) each.
-    deployment: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] | None
-    engines: tuple[EngineCfg, ...]  # one per replica, in replica order
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    path: Path | None
-    model: ModelCfg
-    hardware: HardwareCfg
-    engine: EngineCfg
-    speculative: SpecCfg
-    workload: WorkloadCfg
-    cost: CostCfg
-    run: RunCfg
-    cluster: ClusterCfg | None = None  # None: one engine, no router (a plain run)
-
-    def replica(self, i: int) -> Scenario:
-        """The scenario replica ``i`` of the cluster runs (its own engine settings)."""
-        assert self.cluster is not None
-        return replace(self, engine=self.cluster.engines[i], cluster=None)
-
-
-# -- parsing ------------------------------------------------------------------------------
+from kvsim.semantics import VERSIONS, Semantics, semantics_for
+from kvsim.specdec import EAGLE_METHODS, num_prefill_lookahead
 
 
 def _suggest(name: str, known: list[str]) -> str:
@@ -712,24 +262,6 @@ def _model(raw: dict, file: str, base: Path | None) -> ModelCfg:
     return replace(model, **overrides)
 
 
-def estimate_kv_cache_bytes(model: ModelCfg, hw: HardwareCfg, util: float, tp: int,
-                            max_num_batched_tokens: int, max_num_seqs: int) -> tuple[int, dict]:
-    """vLLM's "available KV cache memory", estimated without profiling.
-
-    ``memory × gpu_memory_utilization − weights − activation peak − non-torch memory``, where
-    the activation peak stands in for vLLM's profile run (a ``max_num_batched_tokens`` forward
-    pass: MLP intermediate and residual stream, plus float32 logits for ``max_num_seqs``
-    sampled rows) and non-torch memory (CUDA context, graphs, NCCL) is taken as 1 GiB.
-    """
-    weights = model.weight_bytes // tp
-    activation = (max_num_batched_tokens * (2 * model.intermediate_size // tp + 4 * model.hidden_size)
-                  * model.dtype_bytes + max_num_seqs * model.vocab_size * 4)
-    non_torch = 1 * GiB
-    avail = int(hw.memory_bytes * util) - weights - activation - non_torch
-    return avail, {"weights_bytes": weights, "activation_bytes": activation,
-                   "non_torch_bytes": non_torch}
-
-
 def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg:
     e = _section(raw, "engine", file)
     where = f"{file}: engine"
@@ -737,7 +269,7 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     method = (raw.get("speculative") or {}).get("method", "none")
     ngram = method == "ngram"
     if e["async_scheduling"] is None:
-        e["async_scheduling"] = sem.async_modelled and method not in sem.async_default_off_methods
+        e["async_scheduling"] = sem.default_async_scheduling(method)
     elif e["async_scheduling"] and ngram and not sem.async_allows_ngram:
         raise ConfigError(f"{where}.async_scheduling", f"vLLM {sem.version} refuses ngram "
                           "drafting with asynchronous scheduling")
@@ -746,11 +278,11 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                           f"vLLM {sem.version}'s asynchronous scheduler is not modelled yet "
                           f"(modelled: {', '.join(v for v, s in VERSIONS.items() if s.async_modelled)}); "
                           "set it to false")
-    big = hw.memory_bytes >= 70 * GiB and "a100" not in (hw.name + hw.device_name).lower()
-    if e["max_num_batched_tokens"] is None:
-        e["max_num_batched_tokens"] = 16384 if hw.memory_bytes >= 160 * GiB else 8192 if big else 2048
-    if e["max_num_seqs"] is None:
-        e["max_num_seqs"] = 1024 if big or hw.memory_bytes >= 160 * GiB else 256
+    batch_defaults = sem.serve_batch_defaults(hw.memory_bytes, hw.name + " " + hw.device_name,
+                                              hw.capability)
+    for key, default in zip(("max_num_batched_tokens", "max_num_seqs"), batch_defaults):
+        if e[key] is None:
+            e[key] = default
     if e["max_model_len"] is None:
         e["max_model_len"] = model.max_position_embeddings
     if e["gpu_memory_utilization"] is None:
@@ -815,7 +347,7 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
         if e["kv_cache_memory_bytes"] is not None:
             avail = e["kv_cache_memory_bytes"]
         else:
-            avail, parts = estimate_kv_cache_bytes(model, hw, e["gpu_memory_utilization"], tp,
+            avail, parts = estimate_kv_cache_bytes(model, hw.memory_bytes, e["gpu_memory_utilization"], tp,
                                                    mnbt, e["max_num_seqs"])
             if avail <= 0:
                 raise ConfigError(f"{where}.num_gpu_blocks",
@@ -869,11 +401,6 @@ def check_groups_for_release(where: str, groups, sem: Semantics) -> None:
         if g.prefill_checkpoint_alignment is not None and not sem.has_mamba_prefill_checkpoints:
             raise ConfigError(f"{where}[{i}].prefill_checkpoint_alignment", f"vLLM {sem.version} "
                               "has no prefill checkpoints inside a chunk (0.32 and later)")
-
-
-def vllm_retention(value: int | str) -> int | None:
-    """prefix_cache_retention_interval as vLLM holds it: ``"dense"`` is its None."""
-    return None if value == "dense" else int(value)
 
 
 def check_retention_interval(where: str, value: int | str | None, sem: Semantics,
@@ -951,8 +478,8 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
 def _speculative(raw: dict, file: str, engine: EngineCfg) -> SpecCfg:
     s = _section(raw, "speculative", file)
     where = f"{file}: speculative"
-    if s["method"] == "none":
-        return SpecCfg()  # other keys are inert (variants switch the method alone)
+    if s["method"] == "none":  # the other keys are inert (variants switch the method alone)
+        return _build(SpecCfg, {**s, "num_speculative_tokens": 0, "num_accepted": 0})
     k = s["num_speculative_tokens"]
     if k is None:
         raise ConfigError(f"{where}.num_speculative_tokens", f"missing (required with method = "
@@ -969,7 +496,6 @@ def _speculative(raw: dict, file: str, engine: EngineCfg) -> SpecCfg:
             raise ConfigError(f"{where}.num_accepted", f"{s['num_accepted']} exceeds "
                               f"num_speculative_tokens ({k})")
     s["num_accepted"] = s["num_accepted"] or 0
-    s["acceptance_rates"] = s["acceptance_rates"] or (0.7,)
     if s["draft_model"] is not None:
         if s["method"] != "draft_model":
             raise ConfigError(f"{where}.draft_model", "only used with method = 'draft_model'")
@@ -1097,107 +623,3 @@ def load_raw(path: str | Path) -> dict:
     except OSError as exc:
         raise ConfigError(str(p), exc.strerror or str(exc)) from None
     return raw
-
-
-# -- writing the resolved scenario ---------------------------------------------------------
-
-
-def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, tuple | list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, Path):
-        v = str(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    raise TypeError(f"cannot write {v!r} as TOML")
-
-
-def resolved_toml(sc: Scenario) -> str:
-    """Every key with the value the run used (presets expanded, defaults filled in).
-
-    Loading this text again gives the same scenario (trace paths are absolute).
-    """
-    lines = ["# Resolved by kvsim: every key with the value this run used.", ""]
-    for section in SCHEMA:
-        cfg = getattr(sc, section)
-        if cfg is None:
-            continue  # no [cluster]
-        lines.append(f"[{section}]")
-        for key in SCHEMA[section]:
-            if not hasattr(cfg, key.name):
-                continue
-            v = getattr(cfg, key.name)
-            if v is None or (section == "model" and key.name in ("preset", "config") and not v):
-                continue
-            if section == "workload" and (key.name == "trace" or (
-                    key.name in TRACE_ONLY_KEYS and not sc.workload.reads_trace)):
-                continue  # a named trace is written as its resolved path
-            if section == "speculative" and key.name != "method" and not sc.speculative.enabled:
-                continue
-            if key.type in ("groups", "deployments") or (
-                    section == "cluster" and key.name == "replicas" and sc.cluster.deployment):
-                continue  # written as [[engine.kv_groups]] / [[cluster.deployment]] tables below
-            lines.append(f"{key.name} = {toml_value(v)}")
-        lines.append("")
-        if section == "engine" and sc.engine.kv_groups:
-            for g in sc.engine.kv_groups:
-                lines.append("[[engine.kv_groups]]")
-                for k in GROUP_KEYS:
-                    v = getattr(g, k.name)
-                    if v is not None and not (k.name == "sliding_window" and g.kind != "sliding_window"):
-                        lines.append(f"{k.name} = {toml_value(v)}")
-                lines.append("")
-        if section == "cluster" and sc.cluster.deployment:
-            first = 0
-            for n, _ in sc.cluster.deployment:
-                # The deployment's engine values that differ from [engine], as resolved.
-                e = sc.cluster.engines[first]
-                first += n
-                lines += ["[[cluster.deployment]]", f"replicas = {n}"]
-                for k in ENGINE_KEYS:
-                    v = getattr(e, k.name)
-                    if k.name not in SHARED_ENGINE_KEYS and v != getattr(sc.engine, k.name):
-                        lines.append(f"{k.name} = {toml_value(v)}")
-                lines.append("")
-    return "\n".join(lines)
-
-
-def schema_markdown() -> str:
-    """The key tables of docs/scenario.md, generated from ``SCHEMA`` (a test keeps them in sync)."""
-    out = []
-    for section, keys in SCHEMA.items():
-        out += [f"### [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        for k in keys:
-            if k.default is REQUIRED:
-                default = "required"
-            elif k.default is None:
-                default = "derived" if k.derived else "none"
-            else:
-                default = f"`{toml_value(k.default)}`"
-            kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
-            out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
-        out.append("")
-        sub = {"engine": ("engine.kv_groups", GROUP_KEYS),
-               "cluster": ("cluster.deployment", (DEPLOYMENT_REPLICAS,))}.get(section)
-        if sub:
-            out += [f"#### [[{sub[0]}]]", "", "| key | type | default | meaning |",
-                    "|---|---|---|---|"]
-            for k in sub[1]:
-                default = "required" if k.default is REQUIRED else (
-                    "none" if k.default is None else f"`{toml_value(k.default)}`")
-                kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
-                out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
-            if section == "cluster":
-                out.append("| any `[engine]` key | as in `[engine]` | the `[engine]` value | This "
-                           "deployment's value, except for the keys every replica shares: "
-                           + ", ".join(f"`{k}`" for k in SHARED_ENGINE_KEYS) + ". |")
-            out.append("")
-    return "\n".join(out)

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import simpy
 
 from kvsim import fastforward
-from kvsim.assemble import assemble_scheduler
-from kvsim.config import Scenario
+from kvsim.assemble import acceptance_for, build_scheduler, cost_inputs
 from kvsim.cost import COST_MODELS
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, RequestSpec
-from kvsim.sched import Scheduler, SchedulerParams
+from kvsim.sched import Scheduler
+from kvsim.schema import Scenario
 from kvsim.specdec import Acceptance, AcceptanceTally
 
 _MAX_WINDOW = 1 << 30  # steps of one decode window when no run limit caps it
@@ -70,23 +70,6 @@ class Records:
     # A cluster run: each replica's own records (its requests and steps), in replica order;
     # ``steps`` above then holds every replica's steps, replica by replica.
     replicas: list[Records] | None = None
-
-
-def build_scheduler(sc: Scenario) -> Scheduler:
-    """A fresh scheduler with its own pool and manager for the scenario's engine."""
-    e = sc.engine
-    params = SchedulerParams(
-        max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
-        max_model_len=e.max_model_len, enable_chunked_prefill=e.enable_chunked_prefill,
-        long_prefill_token_threshold=e.long_prefill_token_threshold,
-        scheduling_policy=e.scheduling_policy,
-        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
-        async_scheduling=e.async_scheduling)
-    return assemble_scheduler(e.semantics, params, sc.speculative, num_gpu_blocks=e.num_gpu_blocks,
-                              block_size=e.block_size, enable_caching=e.enable_prefix_caching,
-                              kv_groups=list(e.kv_groups or ()),
-                              retention_interval=e.retention_interval,
-                              num_nextn_predict_layers=sc.model.num_nextn_predict_layers)
 
 
 class Arrivals:
@@ -152,7 +135,7 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
     ``specs`` only as they arrive: memory stays flat however long the run.
     """
     if accept is None and sc.speculative.enabled:
-        accept = Acceptance(sc.speculative, sc.run.seed)
+        accept = acceptance_for(sc)
     if sc.cluster is not None:
         from kvsim.cluster import run_cluster  # it builds on this module
 
@@ -180,9 +163,7 @@ def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accep
     tallies = []
     alone = len(engines) == 1 and type(engines[0][2]) is Arrivals
     for sc, sched, arrivals, rec in engines:
-        e = sc.engine
-        cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
-                                          e.kv_cache_dtype, sc.speculative)
+        cost = COST_MODELS[sc.cost.model](cost_inputs(sc))
         rec.cost_label = cost.label
         tally = AcceptanceTally(accept) if accept is not None else None
         tallies.append(tally)

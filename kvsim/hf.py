@@ -132,7 +132,7 @@ class _Reader:
 
 
 def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
-                      preset: str = "", config: str = "") -> ModelCfg:
+                      preset: str | None = None, config: str | None = None) -> ModelCfg:
     """The ``ModelCfg`` vLLM builds from config.json ``cfg`` (``where`` names the file)."""
     archs = cfg.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):

@@ -196,3 +196,21 @@ def derive_layout(model: ModelCfg, rules: LayoutRules, *, tp: int, kv_cache_dtyp
                 groups.append(GroupSpec("mamba", block, num_layers=n,
                                         prefill_checkpoint_alignment=block if checkpoint else None))
     return KVLayout(tuple(groups), block, page * group_size, mode)
+
+
+def estimate_kv_cache_bytes(model: ModelCfg, memory_bytes: int, util: float, tp: int,
+                            max_num_batched_tokens: int, max_num_seqs: int) -> tuple[int, dict]:
+    """vLLM's "available KV cache memory", estimated without profiling.
+
+    ``memory × gpu_memory_utilization − weights − activation peak − non-torch memory``, where
+    the activation peak stands in for vLLM's profile run (a ``max_num_batched_tokens`` forward
+    pass: MLP intermediate and residual stream, plus float32 logits for ``max_num_seqs``
+    sampled rows) and non-torch memory (CUDA context, graphs, NCCL) is taken as 1 GiB.
+    """
+    weights = model.weight_bytes // tp
+    activation = (max_num_batched_tokens * (2 * model.intermediate_size // tp + 4 * model.hidden_size)
+                  * model.dtype_bytes + max_num_seqs * model.vocab_size * 4)
+    non_torch = 1 << 30
+    avail = int(memory_bytes * util) - weights - activation - non_torch
+    return avail, {"weights_bytes": weights, "activation_bytes": activation,
+                   "non_torch_bytes": non_torch}

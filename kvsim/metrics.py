@@ -17,8 +17,9 @@ from operator import attrgetter
 import numpy as np
 
 from kvsim import __version__
-from kvsim.config import Scenario, resolved_toml
 from kvsim.engine import Records, StepRecord
+from kvsim.scenario_text import resolved_toml
+from kvsim.schema import Scenario
 
 REQUEST_COLUMNS = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "cached_tokens",
                    "num_preemptions", "join_step", "first_scheduled_step", "first_token_step",

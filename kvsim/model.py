@@ -57,14 +57,16 @@ class ModelCfg:
     num_params: int
     dtype: str
     max_position_embeddings: int
-    num_active_params: int | None = None
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    attention_type: AttentionType = "gqa"
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    num_nextn_predict_layers: int = 1
-    mtp_params: int = 0
+    num_active_params: int | None
+    num_experts: int
+    num_experts_per_tok: int
+    attention_type: AttentionType
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    num_nextn_predict_layers: int
+    mtp_params: int
+    preset: str | None  # the shipped preset it was read from
+    config: str | None  # or the config.json file (absolute path)
     # From config.json (kvsim.hf); a model given key by key is all full attention.
     architecture: str = ""
     layer_types: tuple[LayerType, ...] = ()  # one per decoder layer; () = all full_attention
@@ -72,8 +74,6 @@ class ModelCfg:
     linear_attention: GatedDeltaNet | None = None
     quantized_params: int = 0  # of num_params, those stored in MXFP4 (gpt-oss experts)
     hf_id: str = ""
-    preset: str = ""  # the shipped preset it was read from
-    config: str = ""  # or the config.json file (absolute path)
 
     @property
     def dtype_bytes(self) -> int:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from kvsim import plots, results
 from kvsim.compare import COLUMNS
-from kvsim.config import EAGLE_METHODS, parse_scenario
+from kvsim.config import parse_scenario
 from kvsim.errors import ConfigError
-from kvsim.specdec import spec_setup
+from kvsim.specdec import EAGLE_METHODS, derive_spec
 
 
 class Run:
@@ -106,7 +106,9 @@ def _rule(run: Run) -> str:
         sc = parse_scenario(run.resolved, run.folder / "scenario.resolved.toml")
     except ConfigError:
         return unit
-    setup = spec_setup(sc)
+    e = sc.engine
+    setup = derive_spec(sc.speculative.drafting(sc.model.num_nextn_predict_layers), e.semantics,
+                        e.enable_prefix_caching, e.block_size)
     version = run.summary["vllm_version"]
     retention = sc.engine.prefix_cache_retention_interval
     if retention != "dense" and any(g.kind != "full_attention" for g in sc.engine.kv_groups or ()):

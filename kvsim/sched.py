@@ -16,11 +16,15 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from kvsim.kv.hybrid import mamba_checkpoint_exportable, mamba_checkpoint_position
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, Status
 from kvsim.semantics import Semantics
+
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,7 @@ class SchedulerParams:
     max_model_len: int
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: SchedulingPolicy = "fcfs"
     scheduler_reserve_full_isl: bool = True
     spec: SpecParams = SpecParams()
     # vLLM's AsyncScheduler: the next step is scheduled before this one's outputs arrive.

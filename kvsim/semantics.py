@@ -26,6 +26,11 @@ class Semantics:
     long_prefill_only_with_competition: bool
     # Default gpu_memory_utilization (vllm/config/cache.py).
     default_gpu_memory_utilization: float
+    # `vllm serve`'s max_num_batched_tokens / max_num_seqs defaults by device
+    # (EngineArgs.get_batch_defaults, engine/arg_utils.py): a tier for devices of 160 GiB and
+    # more (0.32+), and GB10 (DGX Spark, capability 12.1) kept on the small tier (0.33).
+    batch_tier_160gib: bool
+    batch_small_tier_on_gb10: bool
     # How EAGLE-family drafters (eagle, eagle3, mtp) keep prefix hits safe by default:
     # "drop" the last matched block, or "lookahead" block hashes that also cover the next
     # token(s) (0.33). The opt-out flags the release accepts are listed.
@@ -122,12 +127,31 @@ class Semantics:
     # checkpoint alignment) and the mamba_cache_mode values (config/cache.py MambaCacheMode).
     layout: LayoutRules
 
+    def serve_batch_defaults(self, memory_bytes: int, device_name: str,
+                             capability: tuple[int, int] | None) -> tuple[int, int]:
+        """`vllm serve`'s (max_num_batched_tokens, max_num_seqs) on a CUDA device with
+        ``memory_bytes`` named ``device_name``."""
+        gib = 1 << 30
+        if self.batch_tier_160gib and memory_bytes >= 160 * gib:
+            return 16384, 1024
+        small = "a100" in device_name.lower() or (
+            self.batch_small_tier_on_gb10 and capability == (12, 1))
+        if memory_bytes >= 70 * gib and not small:
+            return 8192, 1024
+        return 2048, 256
+
+    def default_async_scheduling(self, method: str) -> bool:
+        """VllmConfig's async_scheduling default (None) for speculative ``method``."""
+        return self.async_modelled and method not in self.async_default_off_methods
+
 
 _V033 = Semantics(
     version="0.33.0",
     free_unhashed_to_front=True,
     long_prefill_only_with_competition=True,
     default_gpu_memory_utilization=0.92,
+    batch_tier_160gib=True,
+    batch_small_tier_on_gb10=True,
     eagle_prefix_rule="lookahead",
     has_disable_eagle_block_drop=True,
     has_disable_lookahead_block_hashes=True,
@@ -161,8 +185,8 @@ _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 cache_after_verify=False, skip_zero_chunk_admission=False,
                 layout=replace(_V033.layout, hybrid_checkpoint_alignment=False),
                 async_default_off_methods=("ngram",), async_publish_after_placeholders=True,
-                async_allows_ngram=False)
-_V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False,
+                async_allows_ngram=False, batch_small_tier_on_gb10=False)
+_V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tier_160gib=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width=False,
                 hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False,

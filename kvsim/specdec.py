@@ -1,8 +1,9 @@
 """Speculative decoding: what each method reserves, and how many drafts get accepted.
 
-``spec_setup`` turns ``[speculative]`` into the scheduler's and KV manager's view for the
-chosen vLLM release (lookahead slots, draft input slots, the EAGLE prefix rule);
-``Acceptance`` decides, per request and verify step, how many drafts are accepted:
+``derive_spec`` turns a ``Drafting`` (the method and its settings, the accounting's own record
+of ``[speculative]``) into the scheduler's and KV manager's view for the chosen vLLM release
+(lookahead slots, draft input slots, the EAGLE prefix rule); ``Acceptance`` decides, per
+request and verify step, how many drafts are accepted:
 
 * ``per_position``: drafts are accepted in order until the first rejection; position i is
   accepted with probability ``acceptance_rates[i]`` (the last rate repeats), from a random
@@ -17,12 +18,51 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-from kvsim.config import Scenario, SpecCfg, num_prefill_lookahead
 from kvsim.errors import ConfigError
 from kvsim.request import Request
 from kvsim.sched import SpecParams
 from kvsim.semantics import Semantics
+
+# vLLM's --speculative-config methods kvsim models ("none": off).
+SpecMethod = Literal["none", "ngram", "eagle", "eagle3", "mtp", "draft_model"]
+SPEC_METHODS: tuple[SpecMethod, ...] = get_args(SpecMethod)
+EAGLE_METHODS: tuple[SpecMethod, ...] = ("eagle", "eagle3", "mtp")
+AcceptanceKind = Literal["per_position", "fixed", "trace"]
+
+
+def num_prefill_lookahead(method: SpecMethod, k: int, num_nextn_predict_layers: int,
+                          sem: Semantics) -> int:
+    """vLLM 0.32+'s num_prefill_lookahead_tokens: how far an EAGLE-family drafter reads past
+    a prefill chunk (1; k for multi-module MTP, each module one token further)."""
+    if method not in EAGLE_METHODS or not sem.has_prefill_lookahead:
+        return 0
+    return k if method == "mtp" and min(num_nextn_predict_layers, k) > 1 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Drafting:
+    """What the accounting needs of speculative decoding: the method, k, vLLM's opt-outs and
+    the MTP modules the checkpoint ships."""
+
+    method: SpecMethod
+    num_speculative_tokens: int
+    disable_eagle_block_drop: bool
+    disable_lookahead_block_hashes: bool
+    parallel_drafting: bool
+    num_nextn_predict_layers: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def eagle_family(self) -> bool:
+        return self.method in EAGLE_METHODS
+
+
+NO_DRAFTING = Drafting("none", 0, False, False, False, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,16 +73,9 @@ class SpecSetup:
     num_reprefillable: int  # trailing tokens never cached (multi-module MTP)
 
 
-def spec_setup(sc: Scenario) -> SpecSetup:
-    """The accounting consequences of ``[speculative]`` under the scenario's vLLM release."""
-    e = sc.engine
-    return derive_spec(sc.speculative, e.semantics, e.enable_prefix_caching, e.block_size,
-                       sc.model.num_nextn_predict_layers)
-
-
-def derive_spec(s: SpecCfg, sem: Semantics, enable_caching: bool, scheduler_block_size: int,
-                num_nextn_predict_layers: int = 1) -> SpecSetup:
-    """As ``spec_setup``, from the parts (also used to replay oracle scenarios)."""
+def derive_spec(s: Drafting, sem: Semantics, enable_caching: bool,
+                scheduler_block_size: int) -> SpecSetup:
+    """The accounting consequences of speculative decoding ``s`` under release ``sem``."""
     if not s.enabled:
         return SpecSetup(SpecParams(), False, 0, 0)
     k = s.num_speculative_tokens
@@ -51,7 +84,7 @@ def derive_spec(s: SpecCfg, sem: Semantics, enable_caching: bool, scheduler_bloc
         slots = k if s.parallel_drafting else 1
     else:
         slots = k - 1 if s.parallel_drafting else 0
-    prefill_lookahead = num_prefill_lookahead(s.method, k, num_nextn_predict_layers, sem)
+    prefill_lookahead = num_prefill_lookahead(s.method, k, s.num_nextn_predict_layers, sem)
     hash_lookahead = 0
     if (s.eagle_family and sem.eagle_prefix_rule == "lookahead" and enable_caching
             and not s.disable_eagle_block_drop and not s.disable_lookahead_block_hashes):
@@ -67,12 +100,14 @@ def derive_spec(s: SpecCfg, sem: Semantics, enable_caching: bool, scheduler_bloc
 
 
 class Acceptance:
-    """Callable ``(request, num_drafts) -> accepted`` for one run."""
+    """Callable ``(request, num_drafts) -> accepted`` for one run: the ``kind`` of model with
+    its ``rates`` (per_position) or ``num_accepted`` (fixed)."""
 
-    def __init__(self, spec: SpecCfg, seed: int, record: bool = False):
-        self.kind = spec.acceptance
-        self.rates = spec.acceptance_rates
-        self.fixed = spec.num_accepted
+    def __init__(self, kind: AcceptanceKind, rates: tuple[float, ...], num_accepted: int,
+                 seed: int, record: bool = False):
+        self.kind = kind
+        self.rates = rates
+        self.fixed = num_accepted
         self.seed = seed
         self._rngs: dict[int, random.Random] = {}
         # With ``record``: request index -> accepted count at each verify step (validation).

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim import compare, overrides
-from kvsim.config import SCHEMA, parse_scenario, resolved_toml
+from kvsim.config import parse_scenario
 from kvsim.errors import ConfigError
 from kvsim.results import write_file, write_results
+from kvsim.scenario_text import resolved_toml
+from kvsim.schema import SCHEMA
 
 SWEEP_KEYS = ("scenario", "grid", "points", "repeats")
 MAX_NAME = 96  # longest point folder name before it is cut and given a hash

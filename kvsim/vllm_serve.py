@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from kvsim import presets
-from kvsim.config import model_from_path, model_preset, parse_scenario, toml_value
+from kvsim.config import model_from_path, model_preset, parse_scenario
 from kvsim.errors import ConfigError
+from kvsim.scenario_text import toml_value
 
 # vLLM's destination -> kvsim [engine] key (vLLM's own names) and value type.
 ENGINE_FLAGS: dict[str, tuple[str, str]] = {

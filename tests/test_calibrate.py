@@ -2,12 +2,14 @@
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvsim import engine
+from kvsim.assemble import cost_inputs
 from kvsim.calibrate import fit
 from kvsim.cli import main
 from kvsim.config import parse_scenario
@@ -67,7 +69,7 @@ def test_lm_head_scores_every_verified_position(tmp_path):
     sc = parse_scenario({**SCENARIO, "cost": {"profile": _profile_file(tmp_path, a_lm_s=1e-3),
                                               "step_overhead_s": 0.0},
                          "speculative": {"method": "eagle", "num_speculative_tokens": 3}})
-    cost = fitted.FittedCost(sc.model, sc.hardware, sc.cost, 1, spec=sc.speculative)
+    cost = fitted.FittedCost(cost_inputs(sc))
     assert cost.step_time_s([(4, 800)] * 8, 8) == pytest.approx(0.032)
     # a prefill chunk that ends its prompt samples one row; the drafter then runs k − 1 = 2 more
     # one-row passes per request
@@ -121,14 +123,14 @@ def test_scenario_with_profile_runs_and_differs_from_roofline():
     assert all(r.finish_s is not None for r in b.requests)
     assert [s.duration_s for s in a.steps[:5]] != [s.duration_s for s in b.steps[:5]]
     # one decode step of 30 sequences: a few tens of ms on this GPU, weights dominate
-    t = fitted.FittedCost(prof.model, prof.hardware, prof.cost, 1).step_time_s([(1, 500)] * 30, 30)
+    t = fitted.FittedCost(cost_inputs(prof)).step_time_s([(1, 500)] * 30, 30)
     assert 0.012 < t < 0.030
 
 
 def test_fitted_draft_pass_adds_time():
     sc = parse_scenario({**SCENARIO, "cost": {"profile": "rtxpro6000-llama-3.1-8b-tp1"},
                          "speculative": {"method": "eagle", "num_speculative_tokens": 3}})
-    cost = fitted.FittedCost(sc.model, sc.hardware, sc.cost, 1, spec=sc.speculative)
+    cost = fitted.FittedCost(cost_inputs(sc))
     chunks = [(4, 800)] * 8
     assert cost.draft_time_s(chunks, 8) > 0
     assert cost.draft_time_s(chunks, 8) < cost.step_time_s(chunks, 8)
@@ -268,8 +270,9 @@ def test_tensor_parallel_allreduce_by_hand():
     # step of Qwen3-32B (64 layers, hidden 5120, bf16): 2 all-reduces per layer, each
     # 2·(2−1)/2 · 128·5120·2 B / 64 GB/s + 2·(2−1) · 10 µs.
     one = 128 * 5120 * 2 / 64e9 + 2 * 10e-6
-    assert AllReduce(sc.model, sc.hardware, 2).time_s(128, 64) == pytest.approx(2 * 64 * one)
-    assert AllReduce(sc.model, sc.hardware, 1).time_s(128, 64) == 0.0
+    inp = cost_inputs(sc)
+    assert AllReduce(inp).time_s(128, 64) == pytest.approx(2 * 64 * one)
+    assert AllReduce(replace(inp, tensor_parallel_size=1)).time_s(128, 64) == 0.0
     with pytest.raises(ConfigError, match="interconnect_bandwidth_bytes_per_s: needed for "
                        "tensor_parallel_size 2"):
         parse_scenario({**SCENARIO, "hardware": {"peak_flops_per_s": 1e15,

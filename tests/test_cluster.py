@@ -12,11 +12,13 @@ import pytest
 from builders import make_request, make_scheduler, run_until_done
 
 from kvsim import engine, metrics
+from kvsim.assemble import cost_inputs
 from kvsim.cli import main
 from kvsim.cluster import Replica, Router
-from kvsim.config import ClusterCfg, load_scenario, parse_scenario
+from kvsim.config import load_scenario, parse_scenario
 from kvsim.cost import RooflineCost
 from kvsim.errors import ConfigError
+from kvsim.schema import ClusterCfg
 from kvsim.workload import build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +121,7 @@ def test_the_router_decides_on_the_state_at_the_arrival_instant(tmp_path):
     # replica 1 one, so B goes to 1, though the first event after B's arrival is replica 0's
     # step end, after which replica 0 would be empty. C, arriving after t0, finds it empty.
     sc = parse_scenario(BASE)
-    cost = RooflineCost(sc.model, sc.hardware, sc.cost, 1)
+    cost = RooflineCost(cost_inputs(sc))
     t0 = cost.step_time_s([(2, 0), (2, 0)], 2)  # X1 and X3, both sampling
     t1 = cost.step_time_s([(512, 0)], 0)  # X2's first chunk (max_num_batched_tokens 512)
     assert t0 < t1

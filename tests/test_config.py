@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.config import SCHEMA, load_scenario, parse_scenario, resolved_toml, schema_markdown
+from kvsim.config import load_scenario, parse_scenario
 from kvsim.errors import ConfigError
+from kvsim.scenario_text import resolved_toml, schema_markdown
+from kvsim.schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"model": {"preset": "llama-3.1-8b"}, "hardware": {"preset": "h100-sxm"}}
@@ -140,3 +142,58 @@ def test_docs_list_every_key():
     doc = (ROOT / "docs" / "scenario.md").read_text()
     assert schema_markdown() in doc, "regenerate the key tables in docs/scenario.md"
     assert all(f"`{k.name}`" in doc for keys in SCHEMA.values() for k in keys)
+
+
+def test_each_default_is_stated_once_in_the_key_tables():
+    """The records carry no defaults of their own: every field is filled from its key."""
+    import dataclasses
+
+    from kvsim import schema
+    from kvsim.model import ModelCfg
+
+    records = {"model": ModelCfg, "hardware": schema.HardwareCfg, "engine": schema.EngineCfg,
+               "speculative": schema.SpecCfg, "workload": schema.WorkloadCfg,
+               "cost": schema.CostCfg, "run": schema.RunCfg, "cluster": schema.ClusterCfg}
+    # Fields that no key sets: derived at load (engine), or read from config.json (model).
+    not_keys = {"engine": {"num_gpu_blocks_derived"}, "cluster": {"engines"},
+                "model": {"architecture", "layer_types", "sliding_window", "linear_attention",
+                          "quantized_params", "hf_id"}}
+    for section, cls in records.items():
+        keys = {k.name for k in SCHEMA[section]} - ({"preset"} if section == "hardware" else set())
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        assert set(fields) == keys | not_keys.get(section, set()), section
+        defaulted = [n for n in keys if fields[n].default is not dataclasses.MISSING]
+        assert not defaulted, f"{section}: {defaulted} restate their key's default"
+
+
+def test_string_modes_are_typed_and_the_keys_choices_are_those_types():
+    from typing import get_args
+
+    from kvsim.cost import COST_MODELS
+    from kvsim.schema import CostModelName, SpecCfg, WorkloadCfg
+
+    assert set(COST_MODELS) == set(get_args(CostModelName))
+    keys = {(s, k.name): k for s, ks in SCHEMA.items() for k in ks}
+    for section, cls in (("speculative", SpecCfg), ("workload", WorkloadCfg)):
+        hints = __import__("typing").get_type_hints(cls)
+        for name in ("method", "acceptance") if section == "speculative" else (
+                "kind", "format", "generator", "arrival"):
+            assert keys[section, name].choices == get_args(hints[name]), (section, name)
+
+
+@pytest.mark.parametrize("version, memory_gib, name, cc, expected", [
+    # EngineArgs.get_batch_defaults, read in each release's engine/arg_utils.py:
+    ("0.33.0", 178, "B200", "10.0", (16384, 1024)),  # >= 160 GiB tier (0.32+)
+    ("0.32.0", 178, "B200", "10.0", (16384, 1024)),
+    ("0.22.1", 178, "B200", "10.0", (8192, 1024)),  # no 160 GiB tier before 0.32
+    ("0.19.0", 178, "B200", "10.0", (8192, 1024)),
+    ("0.33.0", 119, "NVIDIA GB10", "12.1", (2048, 256)),  # GB10 kept on the small tier (0.33)
+    ("0.32.0", 119, "NVIDIA GB10", "12.1", (8192, 1024)),
+    ("0.33.0", 80, "NVIDIA A100-SXM4-80GB", "8.0", (2048, 256)),  # no A100 on the 70 GiB tier
+    ("0.33.0", 48, "L40S", "8.9", (2048, 256)),
+])
+def test_batch_defaults_are_the_releases_own(version, memory_gib, name, cc, expected):
+    sc = scenario(hardware={"name": name, "memory_bytes": memory_gib << 30, "compute_capability": cc},
+                  engine={"vllm_version": version, "async_scheduling": False,
+                          "num_gpu_blocks": 4096, "max_model_len": 4096})
+    assert (sc.engine.max_num_batched_tokens, sc.engine.max_num_seqs) == expected

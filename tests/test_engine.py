@@ -5,6 +5,7 @@ import json
 import pytest
 
 from kvsim import engine
+from kvsim.assemble import cost_inputs
 from kvsim.config import parse_scenario
 from kvsim.cost import RooflineCost
 from kvsim.workload import build_requests
@@ -21,7 +22,7 @@ def scenario(tmp_path, rows, **engine_keys):
 
 
 def cost_of(sc):
-    return RooflineCost(sc.model, sc.hardware, sc.cost, 1)
+    return RooflineCost(cost_inputs(sc))
 
 
 def test_a_request_joins_the_first_step_starting_at_or_after_its_arrival(tmp_path):

@@ -179,12 +179,11 @@ def test_lazy_decodes_cost_what_their_chunks_cost(case):
     for any contexts, beside prefill chunks or alone."""
     import random
 
+    from kvsim.assemble import cost_inputs
     from kvsim.cost import COST_MODELS
 
     sc = scenario(**case)
-    e = sc.engine
-    cost = COST_MODELS[sc.cost.model](sc.model, sc.hardware, sc.cost, e.tensor_parallel_size,
-                                      e.kv_cache_dtype, sc.speculative)
+    cost = COST_MODELS[sc.cost.model](cost_inputs(sc))
     rng = random.Random(5)
     for n in (1, 2, 7, 64, 256):
         contexts = [rng.randrange(0, 40_000) for _ in range(n)]

@@ -9,11 +9,13 @@ engine step) and in CI's bounded validation run.
 import json
 import socket
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kvsim.assemble import cost_inputs
 from kvsim.calibrate.fit import fit_features
 from kvsim.cli import main
 from kvsim.config import parse_scenario
@@ -106,14 +108,13 @@ def test_profile_timed_with_its_drafter_needs_no_drafter_pass(tmp_path):
     raw = load_raw()
     raw["speculative"] = {"method": "eagle", "num_speculative_tokens": 2}
     sc = parse_scenario(raw)
-    cost = type("C", (), {"profile": str(tiny_profile(tmp_path, sc, True)), "step_overhead_s": 0.002})()
-    fc = FittedCost(sc.model, sc.hardware, cost, 1, spec=sc.speculative)
+    inp = replace(cost_inputs(sc), profile=tiny_profile(tmp_path, sc, True), step_overhead_s=0.002)
+    fc = FittedCost(inp)
     assert fc.draft_time_s([(1, 100)], 1) == 0.0
     # Whole engine steps: the engine's own overhead is in t0, step_overhead_s is not added.
     assert fc.step_time_s([(10, 0)], 1) == pytest.approx(0.005 + 10e-4)
-    cost.profile = str(tiny_profile(tmp_path, sc, False))
     with pytest.raises(Exception, match="no drafter pass"):
-        FittedCost(sc.model, sc.hardware, cost, 1, spec=sc.speculative)
+        FittedCost(replace(inp, profile=tiny_profile(tmp_path, sc, False)))
 
 
 def test_calibration_workload_differs_from_the_replay():

@@ -100,7 +100,7 @@ def test_mla_block_by_gpu_generation():
 def test_layout_reaches_the_engine_and_the_resolved_scenario():
     import tomllib
 
-    from kvsim.config import resolved_toml
+    from kvsim.scenario_text import resolved_toml
     sc = parse_scenario({"model": {"preset": "qwen3.5-27b"}, "hardware": {"preset": "h100-sxm"},
                          "engine": {"max_model_len": 32768, "kv_cache_memory_bytes": 10 * 2**30}})
     assert sc.engine.block_size == 832 and len(sc.engine.kv_groups) == 4

@@ -3,10 +3,11 @@ vLLM 0.33.0's scheduler.py / kv_cache_utils.py."""
 
 import pytest
 
+from kvsim.assemble import acceptance_for
 from kvsim.config import parse_scenario
 from kvsim.engine import build_scheduler
 from kvsim.request import ExplicitTokens, Request, RequestSpec
-from kvsim.specdec import Acceptance, spec_setup
+from kvsim.specdec import derive_spec
 from tests.builders import run_until_done
 
 
@@ -130,12 +131,12 @@ def test_acceptance_models():
     sc = parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
                          "speculative": {"method": "eagle", "num_speculative_tokens": 4,
                                          "acceptance": "fixed", "num_accepted": 3}})
-    a = Acceptance(sc.speculative, 0)
+    a = acceptance_for(sc)
     r = req("R", [1])
     assert (a(r, 4), a(r, 2)) == (3, 2)
-    trace = Acceptance(parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
-                                       "speculative": {"method": "eagle", "num_speculative_tokens": 4,
-                                                       "acceptance": "trace"}}).speculative, 0)
+    trace = acceptance_for(parse_scenario({
+        "model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+        "speculative": {"method": "eagle", "num_speculative_tokens": 4, "acceptance": "trace"}}))
     t = req("T", [1], accepted=(2, 0, 4))
     got = []
     for _ in range(4):
@@ -144,8 +145,8 @@ def test_acceptance_models():
     assert got == [2, 0, 4, 2]
     rates = parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
                             "speculative": {"method": "eagle", "num_speculative_tokens": 3,
-                                            "acceptance_rates": [0.9, 0.5]}}).speculative
-    pp = Acceptance(rates, 5)
+                                            "acceptance_rates": [0.9, 0.5]}, "run": {"seed": 5}})
+    pp = acceptance_for(rates)
     draws = [pp(req(f"p{i}", [1]), 3) for i in range(4000)]
     # P(>=1) = 0.9, P(>=2) = 0.45, P(3) = 0.225 (last rate repeats): mean 1.575.
     assert abs(sum(draws) / len(draws) - 1.575) < 0.05
@@ -156,7 +157,9 @@ def test_spec_setup_by_method():
     def setup(method, k=3, **kw):
         raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
                "speculative": {"method": method, "num_speculative_tokens": k, **kw}}
-        return spec_setup(parse_scenario(raw))
+        sc = parse_scenario(raw)
+        return derive_spec(sc.speculative.drafting(sc.model.num_nextn_predict_layers),
+                           sc.engine.semantics, sc.engine.enable_prefix_caching, sc.engine.block_size)
     e = setup("eagle")
     assert (e.params.num_lookahead_tokens, e.params.draft_slots) == (3, 0)
     assert (e.hash_lookahead, e.eagle_drop) == (1, False)

@@ -11,21 +11,22 @@ models add this term.
 
 from __future__ import annotations
 
-from kvsim.config import HardwareCfg
-from kvsim.model import ModelCfg
+from kvsim.cost.base import CostInputs
 
 
 class AllReduce:
     """Seconds of one pass's all-reduces for ``tokens`` tokens (0 on one GPU)."""
 
-    def __init__(self, model: ModelCfg, hw: HardwareCfg, tp: int):
-        self.tp = tp
+    def __init__(self, inp: CostInputs):
+        self.tp = tp = inp.tensor_parallel_size
+        self.per_token_s = self.fixed_s = 0.0
         if tp > 1:
-            act_bytes = max(2, model.dtype_bytes)  # activations stay 16-bit under fp8 weights
+            bandwidth = inp.interconnect_bandwidth_bytes_per_s
+            assert bandwidth is not None  # required by the scenario with tensor parallelism
+            act_bytes = max(2, inp.model.dtype_bytes)  # activations stay 16-bit under fp8 weights
             ring = 2 * (tp - 1)
-            bandwidth = hw.interconnect_bandwidth_bytes_per_s
-            self.per_token_s = ring / tp * model.hidden_size * act_bytes / bandwidth
-            self.fixed_s = ring * hw.interconnect_latency_s
+            self.per_token_s = ring / tp * inp.model.hidden_size * act_bytes / bandwidth
+            self.fixed_s = ring * inp.interconnect_latency_s
 
     def time_s(self, tokens: float, num_layers: int) -> float:
         if self.tp == 1 or not tokens:

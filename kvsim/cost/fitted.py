@@ -44,6 +44,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
+from kvsim.cost.base import CostInputs
 from kvsim.cost.comm import AllReduce
 from kvsim.errors import ConfigError
 
@@ -204,37 +205,37 @@ def check_matches(profile: dict, model, tp: int, where: str) -> None:
 class FittedCost:
     """Step times from a calibration profile (same interface as ``RooflineCost``)."""
 
-    def __init__(self, model, hw, cost, tp: int, kv_cache_dtype: str = "auto", spec=None):
-        if cost.profile is None:
+    def __init__(self, inp: CostInputs):
+        if inp.profile is None:
             raise ConfigError("cost.model", "'fitted' needs cost.profile")
-        profile = load_profile(Path(cost.profile))
-        check_matches(profile, model, tp, "cost.profile")
+        model, d = inp.model, inp.drafter
+        profile = load_profile(inp.profile)
+        check_matches(profile, model, inp.tensor_parallel_size, "cost.profile")
         self.target = profile["target"]
-        self.drafter = None
+        self.drafter: dict[str, float] | None = None
         self.num_draft_passes = 0
         # Chunks of at most 1 + k tokens run on the attention backends' decode path.
-        self.max_decode_len = 1 + (spec.num_speculative_tokens if spec is not None and spec.enabled
-                                   else 0)
+        self.max_decode_len = 1 + d.num_passes
         self.experts = (model.num_experts, model.num_experts_per_tok)
         # Profiles time each GPU's kernels; the all-reduces between them come from [hardware].
-        self.allreduce = AllReduce(model, hw, tp)
+        self.allreduce = AllReduce(inp)
         self.num_layers = model.num_hidden_layers
         # A profile timed from whole engine steps has the engine's own overhead in its ``t0``.
-        self.overhead_s = 0.0 if profile.get("whole_engine_steps") is True else cost.step_overhead_s
+        self.overhead_s = 0.0 if profile.get("whole_engine_steps") is True else inp.step_overhead_s
         # A profile timed from whole engine steps (``kvsim validate --against vllm-engine``)
         # has the drafter's passes inside its target coefficients.
         drafter_timed = profile.get("draft_in_target") is True
-        if spec is not None and spec.enabled and spec.method != "ngram" and not drafter_timed:
-            if spec.method == "draft_model":
+        if d.method not in ("none", "ngram") and not drafter_timed:
+            if d.method == "draft_model":
                 raise ConfigError("cost.profile", "a fitted profile has no draft-model pass; use the "
                                   "roofline for method = 'draft_model'")
             if profile.get("draft") is None:
-                raise ConfigError("cost.profile", f"{cost.profile} has no drafter pass (needed for "
-                                  f"speculative method {spec.method!r})")
+                raise ConfigError("cost.profile", f"{inp.profile} has no drafter pass (needed for "
+                                  f"speculative method {d.method!r})")
             self.drafter = profile["draft"]
-            self.num_draft_passes = spec.num_speculative_tokens
+            self.num_draft_passes = d.num_passes
         err = profile.get("heldout_error") or {}
-        self.label = (f"fitted ({profile.get('device', '?')}, {Path(cost.profile).stem}, held-out "
+        self.label = (f"fitted ({profile.get('device', '?')}, {inp.profile.stem}, held-out "
                       f"median {err.get('median_pct', float('nan')):.1f} %)")
 
     def step_time_s(self, chunks, num_sampled: int,

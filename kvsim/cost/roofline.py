@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim.config import CostCfg, HardwareCfg, SpecCfg, model_preset
+from kvsim.cost.base import CostInputs
 from kvsim.cost.comm import AllReduce
 from kvsim.model import ModelCfg, kv_bytes_per_token
 
@@ -91,23 +91,23 @@ def _model_pass(model: ModelCfg, tp: int, kv_cache_dtype: str, num_layers: int |
 class RooflineCost:
     label = "roofline (uncalibrated)"
 
-    def __init__(self, model: ModelCfg, hw: HardwareCfg, cost: CostCfg, tp: int,
-                 kv_cache_dtype: str = "auto", spec: SpecCfg | None = None):
+    def __init__(self, inp: CostInputs):
+        model, tp, kv_cache_dtype = inp.model, inp.tensor_parallel_size, inp.kv_cache_dtype
+        assert inp.peak_flops_per_s is not None  # required by the scenario for the roofline
         self.target = _model_pass(model, tp, kv_cache_dtype)
-        self.allreduce = AllReduce(model, hw, tp)
+        self.allreduce = AllReduce(inp)
         self.num_layers = model.num_hidden_layers
-        self.flops_per_s = hw.peak_flops_per_s * cost.compute_efficiency
-        self.bytes_per_s = hw.mem_bandwidth_bytes_per_s * cost.bandwidth_efficiency
-        self.overhead_s = cost.step_overhead_s
+        self.flops_per_s = inp.peak_flops_per_s * inp.compute_efficiency
+        self.bytes_per_s = inp.mem_bandwidth_bytes_per_s * inp.bandwidth_efficiency
+        self.overhead_s = inp.step_overhead_s
         self.drafter: _Pass | None = None
         self.num_draft_passes = 0
         self.draft_layers = 1
-        if spec is not None and spec.enabled and spec.method != "ngram":
-            self.num_draft_passes = spec.num_speculative_tokens
-            if spec.method == "draft_model":
-                draft = model
-                if spec.draft_model:
-                    draft = model_preset(spec.draft_model, "speculative.draft_model")
+        d = inp.drafter
+        if d.method not in ("none", "ngram"):
+            self.num_draft_passes = d.num_passes
+            if d.method == "draft_model":
+                draft = d.model or model
                 self.drafter = _model_pass(draft, tp, kv_cache_dtype)
                 self.draft_layers = draft.num_hidden_layers
             else:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import gcd, lcm
+from typing import Literal
 
 from kvsim.kv.hashing import BlockHasher
 from kvsim.kv.pool import Block, BlockPool
@@ -81,11 +82,14 @@ def mamba_checkpoint_exportable(query_start: int, query_end: int, checkpoint: in
             and (checkpoint - query_start) % alignment == 0)
 
 
+GroupKind = Literal["full_attention", "sliding_window", "mamba"]
+
+
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
     """One KV-cache group: ``kind`` is ``full_attention``, ``sliding_window`` or ``mamba``."""
 
-    kind: str
+    kind: GroupKind
     block_size: int
     sliding_window: int = 0
     eagle: bool = False  # holds the drafter's layer

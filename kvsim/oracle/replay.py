@@ -14,11 +14,13 @@ import json
 from collections import deque
 
 from kvsim.assemble import assemble_scheduler
-from kvsim.config import SpecCfg, check_groups_for_release, check_retention_interval, vllm_retention
+from kvsim.config import check_groups_for_release, check_retention_interval
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
 from kvsim.sched import Scheduler, SchedulerParams
+from kvsim.schema import vllm_retention
 from kvsim.semantics import semantics_for
+from kvsim.specdec import Drafting
 
 ENGINE_DEFAULTS = {
     "block_size": 16, "num_gpu_blocks": 64, "enable_prefix_caching": True,
@@ -42,11 +44,12 @@ def build(engine: dict, version: str) -> Scheduler:
     if sem is None:
         raise ValueError(f"kvsim does not reproduce vLLM {version}")
     sd = e.get("speculative") or {}
-    spec = SpecCfg(method=sd.get("method", "none"),
-                   num_speculative_tokens=sd.get("num_speculative_tokens", 0),
-                   disable_eagle_block_drop=sd.get("disable_eagle_block_drop", False),
-                   disable_lookahead_block_hashes=sd.get("disable_lookahead_block_hashes", False),
-                   parallel_drafting=sd.get("parallel_drafting", False))
+    spec = Drafting(method=sd.get("method", "none"),
+                    num_speculative_tokens=sd.get("num_speculative_tokens", 0),
+                    disable_eagle_block_drop=sd.get("disable_eagle_block_drop", False),
+                    disable_lookahead_block_hashes=sd.get("disable_lookahead_block_hashes", False),
+                    parallel_drafting=sd.get("parallel_drafting", False),
+                    num_nextn_predict_layers=int(sd.get("mtp_num_layers", 1)))
     groups = [GroupSpec(kind=g["kind"], block_size=g["block_size"],
                         sliding_window=g.get("sliding_window") or 0, eagle=g.get("eagle", False),
                         prefill_checkpoint_alignment=g.get("prefill_checkpoint_alignment"))
@@ -62,8 +65,7 @@ def build(engine: dict, version: str) -> Scheduler:
     return assemble_scheduler(sem, params, spec, num_gpu_blocks=e["num_gpu_blocks"],
                               block_size=e["block_size"], enable_caching=e["enable_prefix_caching"],
                               kv_groups=groups,
-                              retention_interval=vllm_retention(retention),
-                              num_nextn_predict_layers=int(sd.get("mtp_num_layers", 1)))
+                              retention_interval=vllm_retention(retention))
 
 
 def _accept(req: Request, num_drafts: int) -> int:

@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 
 from kvsim import engine
-from kvsim.config import Scenario
+from kvsim.assemble import acceptance_for
 from kvsim.errors import ConfigError
 from kvsim.oracle.replay import REQUEST_FIELDS, drive
-from kvsim.specdec import Acceptance
+from kvsim.schema import Scenario
 from kvsim.workload import build_requests
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
@@ -42,7 +42,7 @@ def oracle_python(version: str, given: str | None) -> Path:
 def driver_scenario(sc: Scenario) -> dict:
     """The scenario's requests in the driver's format, joined where kvsim joined them."""
     specs = build_requests(sc)
-    accept = Acceptance(sc.speculative, sc.run.seed, record=True) if sc.speculative.enabled else None
+    accept = acceptance_for(sc, record=True) if sc.speculative.enabled else None
     rec = engine.run(sc, specs, accept=accept)
     if rec.stopped_by not in (None, "stall"):
         raise ConfigError(f"run.{rec.stopped_by}", "validation needs a run that is not cut short")

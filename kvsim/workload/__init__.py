@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.config import Scenario, WorkloadCfg
 from kvsim.errors import ConfigError
 from kvsim.request import RequestSpec
+from kvsim.schema import Scenario, WorkloadCfg
 from kvsim.workload.azure import read_azure
 from kvsim.workload.jsonl import read_kvsim_jsonl
 from kvsim.workload.mooncake import read_mooncake

@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from kvsim.config import WorkloadCfg
 from kvsim.errors import ConfigError
 from kvsim.request import RequestSpec, SegmentTokens
+from kvsim.schema import WorkloadCfg
 
 Arrivals = Callable[[int], np.ndarray]
 

@@ -1,0 +1,501 @@
+"""The scenario schema: every key of every section, declared once, and the records parsing
+fills in.
+
+Each key is a ``Key`` with its type, default and meaning; ``docs/scenario.md`` is generated
+from these tables (``kvsim.scenario_text.schema_markdown``). A key's default lives here only: the
+records below have no defaults of their own, ``kvsim.config`` builds them from the tables.
+String modes are ``Literal`` types and their keys' choices are read from those types, so a mode
+the schema accepts is one the code names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from kvsim.kv.hybrid import GroupKind, GroupSpec
+from kvsim.layout import MambaCacheMode
+from kvsim.model import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, AttentionType, ModelCfg
+from kvsim.sched import SCHEDULING_POLICIES, SchedulingPolicy
+from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
+from kvsim.specdec import EAGLE_METHODS, SPEC_METHODS, AcceptanceKind, Drafting, SpecMethod
+
+GiB = 1 << 30
+WorkloadKind = Literal["trace", "synthetic"]
+TraceFormat = Literal["kvsim", "mooncake", "azure"]
+GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_lengths"]
+ArrivalProcess = Literal["poisson", "gamma", "trace"]
+CostModelName = Literal["roofline", "fitted"]
+RouterName = Literal["round_robin", "random", "least_loaded", "prefix_aware", "session_affinity"]
+LoadMetric = Literal["requests", "kv_usage"]
+TRACE_FORMATS: tuple[TraceFormat, ...] = get_args(TraceFormat)
+GENERATOR_NAMES: tuple[GeneratorName, ...] = get_args(GeneratorName)
+ROUTERS: tuple[RouterName, ...] = get_args(RouterName)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One scenario key: its type (``int``, ``float``, ``bool``, ``str``), default and doc.
+
+    ``default=REQUIRED`` means the key must be given (or come from a preset); ``None`` means
+    "derived" (documented in ``doc``). ``choices`` restricts strings; ``low`` bounds numbers
+    from below (``low_open`` makes the bound strict).
+    """
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+    choices: tuple = ()
+    low: float | None = None
+    low_open: bool = False
+    high: float | None = None
+    derived: bool = False  # a None default is computed from other keys (see doc)
+
+
+REQUIRED = object()
+RETENTION = 'int or "dense"'  # the type of prefix_cache_retention_interval
+
+MODEL_KEYS = (
+    Key("preset", "str", None,
+        "A shipped model preset (`kvsim presets`), by name or Hugging Face id (`Qwen/Qwen3-32B`): "
+        "a public config.json read as `config` is; any key below overrides it."),
+    Key("config", "str", None,
+        "A model's Hugging Face `config.json` (or a folder holding one), relative to the scenario: "
+        "kvsim reads what vLLM reads (layers and their kinds, heads, MLA, MoE, MTP layers, dtype), "
+        "counts the parameters from the shapes and derives the KV layout (`[[engine.kv_groups]]`, "
+        "block sizes) as vLLM does. Any key below overrides it."),
+    Key("name", "str", "custom", "Label used in outputs."),
+    Key("num_hidden_layers", "int", REQUIRED, "Decoder layers (HF `num_hidden_layers`).", low=1),
+    Key("hidden_size", "int", REQUIRED, "Model width.", low=1),
+    Key("num_attention_heads", "int", REQUIRED, "Query heads.", low=1),
+    Key("num_key_value_heads", "int", REQUIRED, "KV heads (GQA).", low=1),
+    Key("head_dim", "int", REQUIRED, "Per-head dimension.", low=1),
+    Key("intermediate_size", "int", REQUIRED, "MLP width (activation-memory estimate).", low=1),
+    Key("vocab_size", "int", REQUIRED, "Vocabulary size (LM-head cost).", low=1),
+    Key("num_params", "int", REQUIRED, "Total parameters (weight bytes and linear FLOPs).", low=1),
+    Key("dtype", "str", "bfloat16", "Weight dtype.", choices=tuple(DTYPE_BYTES)),
+    Key("max_position_embeddings", "int", REQUIRED, "Context length; the default `max_model_len`.", low=1),
+    Key("num_active_params", "int", None, "Parameters active per token (MoE); default `num_params`.",
+        low=1),
+    Key("num_experts", "int", 0, "Routed experts per MoE layer (HF `num_experts`, `n_routed_experts` "
+        "or `num_local_experts`); 0: a dense model.", low=0),
+    Key("num_experts_per_tok", "int", 0, "Routed experts each token activates (MoE top-k).", low=0),
+    Key("attention_type", "str", "gqa", "`gqa` (K and V per KV head) or `mla` (one latent of "
+        "`kv_lora_rank + qk_rope_head_dim` per token and layer, replicated across TP ranks).",
+        choices=get_args(AttentionType)),
+    Key("kv_lora_rank", "int", 0, "MLA latent width.", low=0),
+    Key("qk_rope_head_dim", "int", 0, "MLA rotary key width.", low=0),
+    Key("num_nextn_predict_layers", "int", 1, "MTP modules the checkpoint ships (more than one "
+        "makes `mtp` multi-module).", low=0),
+    Key("mtp_params", "int", 0, "Parameters of one MTP module's own weights: its decoder layer, "
+        "input projection and norms (information; the cost model prices an MTP/EAGLE head as one "
+        "average decoder layer).", low=0),
+)
+
+HARDWARE_KEYS = (
+    Key("preset", "str", None, "Name of a shipped hardware preset; any key below overrides it."),
+    Key("name", "str", "custom", "Label used in outputs."),
+    Key("device_name", "str", "", "Device name as torch reports it (information only)."),
+    Key("compute_capability", "str", None, "CUDA compute capability, `major.minor` (`9.0` for "
+        "Hopper, `10.0` for B200, `12.0` for RTX PRO 6000 / RTX 50, `8.9` Ada, `8.0` A100): vLLM "
+        "picks its attention kernels, and so MLA block sizes and a hybrid model's attention "
+        "block, by it. Needed for MLA and hybrid models."),
+    Key("peak_flops_per_s", "float", None, "Dense BF16/FP16 tensor-core peak, FLOP/s: needed by "
+        "the roofline cost model (a fitted profile has the GPU's measured times).",
+        low=0, low_open=True),
+    Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.",
+        low=0, low_open=True),
+    Key("memory_bytes", "int", REQUIRED, "Device memory, bytes.", low=1),
+    Key("interconnect_bandwidth_bytes_per_s", "float", None, "GPU-to-GPU bandwidth per direction "
+        "(NVLink, or PCIe without it), bytes/s: the tensor parallel all-reduces; needed when "
+        "`tensor_parallel_size` > 1.", low=0, low_open=True),
+    Key("interconnect_latency_s", "float", 5e-6, "Latency of one step of a ring all-reduce, "
+        "seconds.", low=0),
+)
+
+ENGINE_KEYS = (
+    Key("vllm_version", "str", DEFAULT_VERSION, "The vLLM release whose accounting to reproduce.",
+        choices=tuple(VERSIONS)),
+    Key("block_size", "int", None, "Tokens per KV block (`--block-size`). Default as vLLM: the "
+        "attention kernel's preferred size (16; 32 for MLA on Blackwell B200), raised for hybrid "
+        "models until an attention page holds a Mamba state. With `kv_groups`: the lcm of the "
+        "group block sizes.", low=1, derived=True),
+    Key("num_gpu_blocks", "int", None,
+        "The whole block pool, vLLM's reserved null block included (as `--num-gpu-blocks-override` "
+        "means it). Left out: derived from memory like vLLM (see below).", low=2, derived=True),
+    Key("gpu_memory_utilization", "float", None,
+        "Fraction of device memory vLLM may use (default per version: 0.92 for 0.33).",
+        low=0, low_open=True, high=1, derived=True),
+    Key("kv_cache_memory_bytes", "int", None, "KV cache size in bytes (`--kv-cache-memory-bytes`); "
+        "overrides the memory-based estimate.", low=1),
+    Key("kv_cache_dtype", "str", "auto", "KV cache dtype (`auto` = model dtype).",
+        choices=("auto", *KV_CACHE_DTYPE_BYTES)),
+    Key("tensor_parallel_size", "int", 1, "GPUs per replica: weights, KV heads and FLOPs are split "
+        "across them; each layer's two all-reduces cross `[hardware]`'s interconnect.", low=1),
+    Key("enable_prefix_caching", "bool", True, "Automatic prefix caching."),
+    Key("max_num_batched_tokens", "int", None, "Token budget per step. Default as `vllm serve`: "
+        "8192 on a device with >= 70 GiB that is not an A100 (16384 at >= 160 GiB from vLLM 0.32), "
+        "else 2048.",
+        low=1, derived=True),
+    Key("max_num_seqs", "int", None, "Running-request cap. Default as `vllm serve`: 1024 at >= 70 GiB "
+        "(not A100; any device at >= 160 GiB from vLLM 0.32), else 256.", low=1, derived=True),
+    Key("max_model_len", "int", None, "Longest sequence (prompt + output); default the model's "
+        "`max_position_embeddings`, and may exceed it.", low=2, derived=True),
+    Key("enable_chunked_prefill", "bool", True, "Split prompts across steps."),
+    Key("long_prefill_token_threshold", "int", 0, "Per-step chunk cap for a request (0 = off).", low=0),
+    Key("scheduling_policy", "str", "fcfs", "`fcfs` or `priority` (lower value first).",
+        choices=SCHEDULING_POLICIES),
+    Key("scheduler_reserve_full_isl", "bool", True, "Admit a waiting request only if its whole "
+        "prompt fits in free blocks."),
+    Key("async_scheduling", "bool", None, "Asynchronous scheduling: the next step is scheduled "
+        "while this one runs. Default: on, as in vLLM, except where vLLM's default turns it off: "
+        "ngram drafting before 0.33 and draft_model drafting in 0.19/0.22 (`true` with ngram is "
+        "refused before 0.33, as vLLM does).", derived=True),
+    Key("kv_groups", "groups", None, "Hybrid layout: a list of `[[engine.kv_groups]]` tables (keys "
+        "below). Each group's `block_size` replaces `engine.block_size`; all groups share the pool. "
+        "Default: the layout vLLM builds for the model (from its config.json: sliding-window and "
+        "linear-attention layers), else one full-attention pool.", derived=True),
+    Key("mamba_cache_mode", "str", None, "How Mamba / GatedDeltaNet states are cached "
+        "(`--mamba-cache-mode`): `align` (prefix caching on), `none` (off); vLLM 0.19/0.22 also "
+        "have `all`, which GatedDeltaNet models turn into `align`. Default from "
+        "`enable_prefix_caching`, as vLLM sets it.", choices=get_args(MambaCacheMode), derived=True),
+    Key("prefix_cache_retention_interval", RETENTION, None, "Which sliding-window and Mamba "
+        "checkpoints the prefix cache keeps (`--prefix-cache-retention-interval`, vLLM 0.32+): `0` "
+        "only a prompt's replay boundary and the shared-prefix junctions lookups find; a positive "
+        "multiple of the scheduler block size (the lcm of the group block sizes) also one per "
+        "that many tokens; `\"dense\"` (vLLM's `None`) one at every scheduler block. Default: the "
+        "release's (`0` for 0.32 and 0.33; `\"dense\"` before 0.32, which has no such setting).",
+        derived=True),
+)
+
+GROUP_KEYS = (
+    Key("kind", "str", REQUIRED, "`full_attention`, `sliding_window` or `mamba` (one Mamba group at "
+        "most, in a layout whose groups all share its `block_size`, as vLLM sizes attention "
+        "blocks for Mamba models; prefix caching on means vLLM's `mamba_cache_mode = \"align\"`).",
+        choices=get_args(GroupKind)),
+    Key("block_size", "int", REQUIRED, "Tokens per block of this group.", low=1),
+    Key("sliding_window", "int", None, "Window in tokens (sliding_window groups only).", low=1),
+    Key("eagle", "bool", False, "Holds the drafter's layer (EAGLE/MTP). With an EAGLE-family "
+        "method and no group marked, every group is, as in vLLM."),
+    Key("num_layers", "int", None, "Layers in this group (memory estimate only).", low=1),
+    Key("prefill_checkpoint_alignment", "int", None, "Mamba groups, vLLM 0.32+: the layers "
+        "export a prefix-cache state from inside a prefill chunk at offsets that are multiples "
+        "of this many tokens (vLLM's `MambaSpec.prefill_checkpoint_alignment`): `1` for Mamba2 "
+        "layers (NemotronH, Bamba, Granite 4, Falcon-H1, Zamba2), the `block_size` for "
+        "GatedDeltaNet (Qwen3-Next, Qwen3.5) with the FlashInfer prefill kernel. Left out "
+        "(Mamba1 layers: Jamba; GDN on the FLA kernel) the scheduler ends a chunk at the "
+        "checkpoint instead.", low=1),
+)
+
+SPECULATIVE_KEYS = (
+    Key("method", "str", "none", "Speculative decoding method, as vLLM's `--speculative-config` "
+        "`method`.", choices=SPEC_METHODS),
+    Key("num_speculative_tokens", "int", None, "Drafts per step, k (required with a method).", low=1),
+    Key("acceptance", "str", "per_position", "Acceptance model: `per_position` (drafts accepted "
+        "before the first rejection, position i accepted with probability `acceptance_rates[i]`, "
+        "seeded per request), `fixed` (`num_accepted` per step), or `trace` (each request's "
+        "`accepted` list from the trace, cycled).", choices=get_args(AcceptanceKind)),
+    Key("acceptance_rates", "floats", (0.7,), "Per-position acceptance probability, given the "
+        "previous draft was accepted (the last repeats).", low=0, high=1),
+    Key("num_accepted", "int", None, "Drafts accepted per verify step (acceptance = fixed).", low=0),
+    Key("draft_model", "str", None, "Model preset of the draft model (method = draft_model); "
+        "costs its forward passes. Default: the target model's preset."),
+    Key("disable_eagle_block_drop", "bool", False, "vLLM's opt-out of the EAGLE last-block drop "
+        "(0.32 and later)."),
+    Key("disable_lookahead_block_hashes", "bool", False, "vLLM 0.33: go back from lookahead "
+        "block hashes to the block drop."),
+    Key("parallel_drafting", "bool", False, "Parallel drafting (P-EAGLE / PARD): more input "
+        "slots per request."),
+)
+
+TRACE_ONLY_KEYS = ("path", "format", "speedup", "window_start_s", "window_end_s", "sample_fraction")
+
+WORKLOAD_KEYS = (
+    Key("kind", "str", "synthetic", "`trace` (read a file) or `synthetic` (generate).",
+        choices=get_args(WorkloadKind)),
+    Key("trace", "str", None, "A known public trace by name (`kvsim traces`), read from the trace "
+        "cache (`$KVSIM_TRACE_DIR`, else `~/.cache/kvsim/traces`). Give `trace` or `path`."),
+    Key("path", "str", None, "Trace file, relative to the scenario file (kind = trace, "
+        "arrival = trace, or generator = trace_lengths)."),
+    Key("format", "str", None, "Trace format: `kvsim` JSONL, `mooncake` JSONL (hash ids), `azure` "
+        "CSV. Default: the named trace's format, else `kvsim`.", choices=TRACE_FORMATS, derived=True),
+    Key("speedup", "float", 1.0, "Replay the trace this many times faster: arrival times (after the "
+        "window) are divided by it.", low=0, low_open=True),
+    Key("window_start_s", "float", 0.0, "Keep trace requests arriving at or after this trace time, "
+        "seconds; it becomes t = 0.", low=0),
+    Key("window_end_s", "float", None, "Keep trace requests arriving before this trace time, seconds "
+        "(default: to the end).", low=0, low_open=True),
+    Key("sample_fraction", "float", 1.0, "Keep this fraction of the trace's requests in the window, "
+        "drawn without replacement with the run's seed, in trace order.", low=0, low_open=True,
+        high=1),
+    Key("generator", "str", "shared_prefix", "Synthetic generator (kind = synthetic; see Workloads).",
+        choices=GENERATOR_NAMES),
+    Key("arrival", "str", "poisson", "Arrival process of the requests (`shared_prefix`, `rag`) or of "
+        "the conversations / sessions (`multi_turn`, `agent`): `poisson` at `request_rate`, `gamma` "
+        "(mean rate `request_rate`, inter-arrival CV `arrival_cv`), `trace` (the arrival times of "
+        "the trace given by `trace` or `path`, after window, sampling and speedup).",
+        choices=get_args(ArrivalProcess)),
+    Key("arrival_cv", "float", 2.0, "Coefficient of variation of gamma inter-arrival times (1: "
+        "Poisson; above 1: bursty).", low=0, low_open=True),
+    Key("num_requests", "int", 100, "Requests to generate.", low=1),
+    Key("request_rate", "float", 10.0, "Mean arrival rate, per second, of requests or of "
+        "conversations / sessions (`inf`: all at t = 0).", low=0, low_open=True),
+    Key("system_prompt_tokens", "int", 512, "Prefix shared by every request.", low=0),
+    Key("num_users", "int", 8, "shared_prefix: users; each request belongs to one, drawn "
+        "uniformly.", low=1),
+    Key("user_history_tokens", "int", 1024, "shared_prefix: per-user prefix after the system "
+        "prompt, shared by that user's requests.", low=0),
+    Key("input_tokens", "int", 128, "Fresh tokens per request: shared_prefix and rag: the question "
+        "at the end; multi_turn: each new user message; agent: mean tool observation "
+        "(exponential).", low=1),
+    Key("output_tokens", "int", 128, "Tokens each request generates (`max_tokens`).", low=1),
+    Key("turns", "int", 4, "multi_turn: requests per conversation; agent: steps per session.",
+        low=1),
+    Key("think_time_s", "float", 5.0, "multi_turn, agent: mean time (exponential) from one turn's "
+        "arrival to the next (reading and typing, or the tool call).", low=0),
+    Key("context_tokens", "int", 8192, "agent: per-session context after the system prompt (task, "
+        "files), shared by that session's steps only.", low=0),
+    Key("num_documents", "int", 1000, "rag: documents in the pool.", low=1),
+    Key("documents_per_request", "int", 4, "rag: documents in each prompt (distinct).", low=1),
+    Key("document_tokens", "int", 1024, "rag: tokens per document.", low=1),
+    Key("zipf_s", "float", 1.0, "rag: document popularity exponent: the document of rank r is "
+        "drawn with weight r^-s (0: uniform).", low=0),
+    Key("acceptance_rate_mean", "float", None, "Give every request an `accepted` list (for "
+        "speculative.acceptance = 'trace'; requests that carry one keep it): a per-request "
+        "acceptance rate p drawn from a beta distribution with this mean, each draft position "
+        "accepted with probability p until the first rejection.", low=0, high=1),
+    Key("acceptance_rate_sd", "float", 0.1, "Standard deviation of the per-request acceptance "
+        "rate (0: every request has the mean).", low=0),
+)
+
+COST_KEYS = (
+    Key("model", "str", None, "Step-time model: `roofline` (uncalibrated, from `[hardware]` numbers) "
+        "or `fitted` (a calibration profile, `kvsim calibrate`); default `fitted` when `profile` is "
+        "given, else `roofline`.", choices=get_args(CostModelName), derived=True),
+    Key("profile", "str", None, "Cost profile written by `kvsim calibrate` (a JSON file, relative to "
+        "the scenario) or a shipped profile's name (`rtxpro6000-llama-3.1-8b-tp1`, ...); it must be "
+        "for the scenario's model shape and `tensor_parallel_size`."),
+    Key("compute_efficiency", "float", 0.6, "Fraction of peak FLOP/s a step reaches.", low=0,
+        low_open=True, high=1),
+    Key("bandwidth_efficiency", "float", 0.8, "Fraction of peak bandwidth a step reaches.", low=0,
+        low_open=True, high=1),
+    Key("step_overhead_s", "float", 0.002, "Fixed per-step engine overhead, seconds, added to either "
+        "model: vLLM's CPU work between steps (scheduling, input preparation, sampling) and kernel "
+        "launch gaps, which layer timings do not see (not added to a profile fitted to whole engine steps, "
+        "whose fixed term holds it).", low=0),
+)
+
+RUN_KEYS = (
+    Key("seed", "int", 0, "Seed for every random choice (same seed, same output).", low=0),
+    Key("max_requests", "int", None, "Use only the first N requests of the workload (of a trace: after its "
+        "window and sampling).", low=1),
+    Key("max_sim_time_s", "float", None, "Stop the clock here; unfinished requests are reported "
+        "unfinished.", low=0, low_open=True),
+    Key("max_steps", "int", None, "Stop after this many engine steps.", low=1),
+)
+
+# Engine keys every replica of a cluster shares: they decide the block hashes a prefix-aware
+# router compares across replicas (one deployment: one model, one vLLM image, one block size).
+SHARED_ENGINE_KEYS = ("vllm_version", "block_size", "kv_groups")
+
+CLUSTER_KEYS = (
+    Key("replicas", "int", 1, "Replicas behind the router, each a whole vLLM engine (`[engine]`) "
+        "with its own KV cache. With `[[cluster.deployment]]` tables: their total (leave it out).",
+        low=1),
+    Key("router", "str", "round_robin", "Routing policy, decided when a request arrives: "
+        "`round_robin`, `random` (seeded by `run.seed`), `least_loaded` (by `load_metric`), "
+        "`prefix_aware` (longest cached prefix against pending work, see `load_weight`), "
+        "`session_affinity` (sticky by the request's session id). See Clusters.",
+        choices=ROUTERS),
+    Key("load_metric", "str", "requests", "The load `least_loaded` and `session_affinity` "
+        "balance: `requests` (waiting + running + routed but not yet admitted) or `kv_usage` "
+        "(vLLM's KV-cache usage).", choices=get_args(LoadMetric)),
+    Key("load_weight", "float", 0.5, "prefix_aware: w in score = (1 - w) * cached prefix tokens "
+        "- w * pending tokens; 0 follows the cache alone, 1 the pending work alone, 0.5 trades "
+        "them token for token.", low=0, high=1),
+    Key("deployment", "deployments", None, "Replicas with their own engine settings: a list of "
+        "`[[cluster.deployment]]` tables (keys below), replicas numbered in table order."),
+)
+
+DEPLOYMENT_REPLICAS = Key("replicas", "int", 1, "Replicas of this deployment.", low=1)
+
+SCHEMA: dict[str, tuple[Key, ...]] = {
+    "model": MODEL_KEYS, "hardware": HARDWARE_KEYS, "engine": ENGINE_KEYS,
+    "speculative": SPECULATIVE_KEYS, "workload": WORKLOAD_KEYS, "cost": COST_KEYS, "run": RUN_KEYS,
+    "cluster": CLUSTER_KEYS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareCfg:
+    name: str
+    device_name: str
+    compute_capability: str | None
+    peak_flops_per_s: float | None
+    mem_bandwidth_bytes_per_s: float
+    memory_bytes: int
+    interconnect_bandwidth_bytes_per_s: float | None
+    interconnect_latency_s: float
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """compute_capability as (major, minor), or None if not given."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCfg:
+    vllm_version: str
+    block_size: int
+    num_gpu_blocks: int
+    num_gpu_blocks_derived: bool  # from memory, not given
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
+    kv_cache_dtype: str
+    tensor_parallel_size: int
+    enable_prefix_caching: bool
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enable_chunked_prefill: bool
+    long_prefill_token_threshold: int
+    scheduling_policy: SchedulingPolicy
+    scheduler_reserve_full_isl: bool
+    async_scheduling: bool
+    kv_groups: tuple[GroupSpec, ...] | None
+    mamba_cache_mode: MambaCacheMode
+    prefix_cache_retention_interval: int | str  # an interval >= 0 or "dense"
+
+    @property
+    def retention_interval(self) -> int | None:
+        """The setting as vLLM's KVCacheConfig holds it (None: dense)."""
+        return vllm_retention(self.prefix_cache_retention_interval)
+
+    @property
+    def semantics(self) -> Semantics:
+        sem = semantics_for(self.vllm_version)
+        assert sem is not None  # checked at load
+        return sem
+
+
+def vllm_retention(value: int | str) -> int | None:
+    """prefix_cache_retention_interval as vLLM holds it: ``"dense"`` is its None."""
+    return None if value == "dense" else int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecCfg:
+    method: SpecMethod
+    num_speculative_tokens: int  # 0 with method "none"
+    acceptance: AcceptanceKind
+    acceptance_rates: tuple[float, ...]
+    num_accepted: int
+    draft_model: str | None
+    disable_eagle_block_drop: bool
+    disable_lookahead_block_hashes: bool
+    parallel_drafting: bool
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def eagle_family(self) -> bool:
+        return self.method in EAGLE_METHODS
+
+    def drafting(self, num_nextn_predict_layers: int) -> Drafting:
+        """The accounting's record of these settings (for a checkpoint with that many MTP
+        modules)."""
+        return Drafting(self.method, self.num_speculative_tokens, self.disable_eagle_block_drop,
+                        self.disable_lookahead_block_hashes, self.parallel_drafting,
+                        num_nextn_predict_layers)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCfg:
+    kind: WorkloadKind
+    trace: str | None
+    path: Path | None
+    format: TraceFormat
+    speedup: float
+    window_start_s: float
+    window_end_s: float | None
+    sample_fraction: float
+    generator: GeneratorName
+    arrival: ArrivalProcess
+    arrival_cv: float
+    num_requests: int
+    request_rate: float
+    system_prompt_tokens: int
+    num_users: int
+    user_history_tokens: int
+    input_tokens: int
+    output_tokens: int
+    turns: int
+    think_time_s: float
+    context_tokens: int
+    num_documents: int
+    documents_per_request: int
+    document_tokens: int
+    zipf_s: float
+    acceptance_rate_mean: float | None
+    acceptance_rate_sd: float
+
+    @property
+    def reads_trace(self) -> bool:
+        """A trace file is read: for its requests, or for arrival times or lengths only."""
+        return self.kind == "trace" or self.arrival == "trace" or (
+            self.kind == "synthetic" and self.generator == "trace_lengths")
+
+
+@dataclass(frozen=True, slots=True)
+class CostCfg:
+    model: CostModelName
+    profile: str | None  # resolved path of the calibration profile (model = fitted)
+    compute_efficiency: float
+    bandwidth_efficiency: float
+    step_overhead_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunCfg:
+    seed: int
+    max_requests: int | None
+    max_sim_time_s: float | None
+    max_steps: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterCfg:
+    replicas: int
+    router: RouterName
+    load_metric: LoadMetric
+    load_weight: float
+    # [[cluster.deployment]] tables as given: (replicas, ((engine key, value), ...)) each.
+    deployment: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] | None
+    engines: tuple[EngineCfg, ...]  # one per replica, in replica order
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    path: Path | None
+    model: ModelCfg
+    hardware: HardwareCfg
+    engine: EngineCfg
+    speculative: SpecCfg
+    workload: WorkloadCfg
+    cost: CostCfg
+    run: RunCfg
+    cluster: ClusterCfg | None = None  # None: one engine, no router (a plain run)
+
+    def replica(self, i: int) -> Scenario:
+        """The scenario replica ``i`` of the cluster runs (its own engine settings)."""
+        assert self.cluster is not None
+        return replace(self, engine=self.cluster.engines[i], cluster=None)
+
+
