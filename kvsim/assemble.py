@@ -15,7 +15,7 @@ from pathlib import Path
 from kvsim.config import model_preset
 from kvsim.cost.base import CostInputs, Drafter
 from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
-from kvsim.kv.manager import KVCacheManager
+from kvsim.kv.manager import KVCacheManager, KVManager
 from kvsim.kv.pool import BlockPool
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.schema import Scenario
@@ -76,6 +76,7 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
     setup = derive_spec(spec, sem, enable_caching, scheduler_block_size)
     pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
+    kv: KVManager
     if kv_groups:
         # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.
         in_flight = params.max_num_batched_tokens * (

@@ -394,6 +394,7 @@ def cmd_presets(args) -> int:
         print(f"{kind}:")
         for name in presets.names(kind):
             data = presets.load(kind, name)
+            assert data is not None  # a listed name
             detail = data.get("hf_id") or data.get("device_name") or ""
             print(f"  {name:16} {detail}")
     return 0

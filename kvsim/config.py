@@ -266,6 +266,7 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     e = _section(raw, "engine", file)
     where = f"{file}: engine"
     sem = semantics_for(e["vllm_version"])
+    assert sem is not None  # a choice of the key
     method = (raw.get("speculative") or {}).get("method", "none")
     ngram = method == "ngram"
     if e["async_scheduling"] is None:
@@ -410,7 +411,7 @@ def check_retention_interval(where: str, value: int | str | None, sem: Semantics
     if value is None:
         d = sem.default_prefix_cache_retention_interval
         return "dense" if d is None else d
-    if value == "dense":
+    if isinstance(value, str):  # "dense", the only string the key takes
         return value
     if not sem.has_prefix_cache_retention_interval:
         raise ConfigError(where, f"vLLM {sem.version} has no such setting (its checkpoints are "

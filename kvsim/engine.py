@@ -14,8 +14,9 @@ takes what the router hands it (``kvsim.cluster``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import simpy
 
@@ -70,6 +71,17 @@ class Records:
     # A cluster run: each replica's own records (its requests and steps), in replica order;
     # ``steps`` above then holds every replica's steps, replica by replica.
     replicas: list[Records] | None = None
+
+
+class ArrivalSource(Protocol):
+    """Where an engine loop takes its requests from: ``Arrivals`` for a plain run, a
+    cluster's ``RoutedArrivals`` for a replica."""
+
+    def advance(self, now: float) -> None: ...
+
+    def arrived(self, now: float) -> list[Request]: ...
+
+    def next_arrival_s(self) -> float | None: ...
 
 
 class Arrivals:
@@ -150,7 +162,8 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
     return rec
 
 
-def simulate(engines: list[tuple[Scenario, Scheduler, Arrivals, Records]], accept: Acceptance | None,
+def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records]],
+             accept: Acceptance | None,
              check_invariants: bool = False, progress=None, results=None) -> None:
     """Run one engine loop per ``(scenario, scheduler, arrivals, records)`` on one clock until
     none has anything left to do; each fills its records (a lone engine: or ``results``).

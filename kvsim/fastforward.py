@@ -63,7 +63,8 @@ class LazyDecode:
 
     def __init__(self, sched: Scheduler, queue):
         self.sched = sched
-        self.kv = sched.kv
+        assert isinstance(sched.kv, KVCacheManager)  # applies(): one full-attention group
+        self.kv: KVCacheManager = sched.kv
         self.queue = queue
         self.is_async = sched.params.async_scheduling
         self.in_flight = sched.sem.has_num_in_flight_tokens
@@ -82,6 +83,7 @@ class LazyDecode:
 
     def _materialize(self, r: Request) -> None:
         """Bring a member's counters up to date (it stays a member)."""
+        assert r.lz_sched is not None  # a member
         s = self.sched_next - r.lz_sched  # its lazy steps scheduled since
         u = self.upd_next - r.lz_upd  # their outputs applied since
         r.num_computed_tokens += s
@@ -166,6 +168,7 @@ class LazyDecode:
     def _leave(self, r: Request) -> None:
         """Materialized, it becomes an ordinary running request."""
         self._materialize(r)
+        assert r.lz_sched is not None  # a member
         self.num_members -= 1
         self.sum_off -= r.num_computed_tokens - r.lz_sched
         r.lz_sched = None
@@ -199,7 +202,7 @@ class LazyDecode:
             r = heapq.heappop(self.leaving)[2]
             self._leave(r)
             insort(self.others, r, key=_rank)
-            if self.is_async:
+            if in_flight is not None:  # asynchronous scheduling
                 in_flight.exits.append(Chunk(r, 1, r.num_computed_tokens - 1, samples=True))
         # Requests that now decode steadily join.
         pending = {id(c.req): c for c in in_flight.scheduled} if in_flight is not None else {}
@@ -219,8 +222,9 @@ class LazyDecode:
         b, tables = kv.block_size, kv.req_to_blocks
         due = [r for r in self.events.pop(step, ()) if r.lz_sched is not None]
         num_blocks = 0
-        for r in due:
-            num_blocks += r.num_computed_tokens + step - r.lz_sched >= len(tables[r.req_id]) * b
+        for r in due:  # members: lz_sched is set
+            num_blocks += (r.num_computed_tokens + step - r.lz_sched  # type: ignore[operator]
+                           >= len(tables[r.req_id]) * b)
         threshold = p.long_prefill_token_threshold
         if sched.sem.long_prefill_only_with_competition and sched.num_unfinished <= 1:
             threshold = 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import ConfigError
-from kvsim.model import DTYPE_BYTES, LAYER_TYPES, GatedDeltaNet, LayerType, ModelCfg
+from kvsim.model import DTYPE_BYTES, LAYER_TYPES, AttentionType, GatedDeltaNet, LayerType, ModelCfg
 
 _MISSING = object()
 
@@ -115,7 +115,8 @@ class _Reader:
             raise ConfigError(f"{self.where}: {self.prefix}{key}", "missing")
         return v
 
-    def int(self, key: str, default: Any = _MISSING, low: int = 1) -> int:
+    def int(self, key: str, default: Any = _MISSING, low: int = 1) -> Any:
+        """An integer >= ``low``, or ``default`` (None included) when the key is absent."""
         v = self.raw(key, default)
         if v is None:
             return v
@@ -181,7 +182,7 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
 
     # -- weights, by shape -------------------------------------------------------------------
     bias = fam.qkv_bias or (fam.attention_bias and t.bool(fam.attention_bias, False))
-    attention_type = "gqa"
+    attention_type: AttentionType = "gqa"
     kv_lora = rope = 0
     if kind == "deepseek":
         attention_type = "mla"
@@ -265,34 +266,37 @@ def _ssm_dtype(t: _Reader, where: str) -> str | None:
 
 def _layer_types(arch: str, t: _Reader, L: int) -> tuple[LayerType, ...]:
     """Each decoder layer's kind, as the release's model file decides it."""
+    full: LayerType = "full_attention"
+    sliding: LayerType = "sliding_attention"
+    linear: LayerType = "linear_attention"
     given = t.raw("layer_types", None)
     if given is not None:
         if (not isinstance(given, list) or len(given) != L
                 or any(x not in LAYER_TYPES for x in given)):
             raise ConfigError(f"{t.where}: {t.prefix}layer_types", f"must list one of "
                               f"{', '.join(LAYER_TYPES)} for each of the {L} layers")
-        return tuple(given)
+        return tuple(LAYER_TYPES[LAYER_TYPES.index(x)] for x in given)
     if arch.startswith("Gemma3"):
         # transformers Gemma3TextConfig: every sliding_window_pattern-th layer is global.
         pattern = t.int("sliding_window_pattern")
-        return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+        return tuple(full if (i + 1) % pattern == 0 else sliding
                      for i in range(L))
     if arch.startswith(("Qwen3Next", "Qwen3_5")):
         interval = t.int("full_attention_interval")
-        return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        return tuple(full if (i + 1) % interval == 0 else linear
                      for i in range(L))
     if arch.startswith(("Qwen2", "Qwen3")):
         # transformers Qwen2/Qwen3 config: sliding windows only with use_sliding_window, from
         # layer max_window_layers on.
         if t.bool("use_sliding_window", False) and t.has("sliding_window"):
             first = t.int("max_window_layers", L, low=0)
-            return tuple("sliding_attention" if i >= first else "full_attention" for i in range(L))
-        return ("full_attention",) * L
+            return tuple(sliding if i >= first else full for i in range(L))
+        return (full,) * L
     if arch in ("MistralForCausalLM", "LlamaForCausalLM") and t.raw("sliding_window", None):
         # No layer_types: vLLM's Attention takes cache_config.sliding_window (the model's) for
         # every layer.
-        return ("sliding_attention",) * L
-    return ("full_attention",) * L
+        return (sliding,) * L
+    return (full,) * L
 
 
 def _moe(kind: str, t: _Reader, H: int) -> tuple[int, int, int, int]:

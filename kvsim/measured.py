@@ -87,6 +87,7 @@ def _find_upward(folder: Path, rel: str) -> Path:
 def _hardware_preset(name: str) -> str | None:
     for preset in presets.names("hardware"):
         data = presets.load("hardware", preset)
+        assert data is not None  # a listed name
         if _norm(name) in (_norm(preset), _norm(data.get("device_name", ""))):
             return preset
     return None
@@ -103,7 +104,7 @@ def _hardware(meta: dict, instance: dict, folder: Path) -> dict:
     else config.json's instance (``hardware``, ``npu_mem.mem_size`` GiB); memory bandwidth
     from ``npu_mem.mem_bw`` (GB/s). The step times come from the cost profile, so no FLOP/s
     figure is needed."""
-    device = meta.get("device") if isinstance(meta.get("device"), dict) else {}
+    device = meta["device"] if isinstance(meta.get("device"), dict) else {}
     name = str(_first(meta, "device_name", "gpu_name") or _first(device, "name", "device_name")
                or instance.get("hardware", ""))
     preset = _hardware_preset(name) or _hardware_preset(str(instance.get("hardware", "")))
@@ -243,10 +244,10 @@ def _stats(values) -> dict[str, float]:
 def compare(folder: Path, profile: str | None = None, overrides: dict | None = None):
     """Replay the run with kvsim. Returns (scenario, records, per-request rows, table rows)."""
     run = load_run(folder)
-    table = scenario_table(run, profile)
+    raw = scenario_table(run, profile)
     for section, keys in (overrides or {}).items():
-        table[section] = {**table.get(section, {}), **keys}
-    sc = parse_scenario(table, folder / "vllm" / "meta.json")
+        raw[section] = {**raw.get(section, {}), **keys}
+    sc = parse_scenario(raw, folder / "vllm" / "meta.json")
     rec = engine.run(sc, run.specs)
     rows = []
     for r, m in zip(rec.requests, run.measured):
@@ -254,6 +255,7 @@ def compare(folder: Path, profile: str | None = None, overrides: dict | None = N
             raise ConfigError(str(folder), f"kvsim did not finish request {r.req_id} "
                               f"(stopped by {rec.stopped_by})")
         n = r.num_output_tokens
+        assert r.first_token_s is not None and r.finish_s is not None  # finished
         rows.append({"req_id": r.req_id, "arrival_s": r.arrival_s,
                      "prompt_tokens": r.num_prompt_tokens, "output_tokens": n,
                      "kvsim_cached_tokens": r.cached_tokens,

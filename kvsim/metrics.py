@@ -41,7 +41,7 @@ def request_rows(rec: Records) -> list[dict]:
         ttft = None if r.first_token_s is None else r.first_token_s - r.arrival_s
         e2e = None if r.finish_s is None else r.finish_s - r.arrival_s
         tpot = None
-        if r.finish_s is not None and r.num_output_tokens > 1:
+        if r.finish_s is not None and r.first_token_s is not None and r.num_output_tokens > 1:
             tpot = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
         rows.append({
             "req_id": r.req_id, "arrival_s": r.arrival_s, "prompt_tokens": r.num_prompt_tokens,
@@ -100,7 +100,7 @@ class Results:
         self.num_steps = 0
         self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
         self.usage = array("d")
-        self.draft_s = 0
+        self.draft_s: float = 0
 
     def step(self, s: StepRecord, replica: int | None = None) -> None:
         if self._replicas:
@@ -207,8 +207,8 @@ class Results:
             "mean_acceptance_length": 1 + accepted / verifies if verifies else None,
             # vLLM's per-position counters: position i accepted, of all verify steps.
             "num_accepted_tokens_per_pos": rec.accepted_per_pos,
-            "acceptance_rate_per_pos": ([a / verifies for a in rec.accepted_per_pos] if verifies
-                                        else None),
+            "acceptance_rate_per_pos": ([a / verifies for a in rec.accepted_per_pos]
+                                        if verifies and rec.accepted_per_pos else None),
             "draft_time_s": self.draft_s,
         }
 
@@ -226,9 +226,9 @@ def _in_memory(rec: Records, req=None, steps=None) -> Results:
     cluster = rec.replicas is not None
     res = Results(_Discard if req is None else req, _Discard if steps is None else steps,
                   cluster)
-    if cluster:
-        for i, r in enumerate(rec.replicas):
-            for s in r.steps:
+    if rec.replicas is not None:
+        for i, replica in enumerate(rec.replicas):
+            for s in replica.steps:
                 res.step(s, i)
     else:
         for s in rec.steps:
@@ -274,13 +274,14 @@ def _cluster_summary(sc: Scenario, rec: Records) -> dict:
     if rec.replicas is None:
         return {}
     c = sc.cluster
+    assert c is not None  # replicas come from a [cluster]
     per = []
     for i, r in enumerate(rec.replicas):
         s = summarize(sc.replica(i), r)
         per.append({"replica": i, **{k: v for k, v in s.items() if k not in _RUN_KEYS}})
     return {"cluster": {"replicas": c.replicas, "router": c.router, "load_metric": c.load_metric,
                         "load_weight": c.load_weight,
-                        "num_gpu_blocks_total": sum(e.num_gpu_blocks for e in c.engines)},
+                        "num_gpu_blocks_total": sum(int(e.num_gpu_blocks) for e in c.engines)},
             "replicas": per}
 
 

@@ -93,7 +93,8 @@ class ModelCfg:
     @property
     def layers(self) -> tuple[LayerType, ...]:
         """Every decoder layer's kind."""
-        return self.layer_types or ("full_attention",) * self.num_hidden_layers
+        full: tuple[LayerType, ...] = ("full_attention",)
+        return self.layer_types or full * self.num_hidden_layers
 
     @property
     def num_attention_layers(self) -> int:

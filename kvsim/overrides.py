@@ -14,7 +14,9 @@ from kvsim.errors import ConfigError
 
 
 def _split(text: str) -> list[str]:
-    parts, depth, quote, cur = [], 0, None, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, None
     for ch in text:
         if quote:
             quote = None if ch == quote else quote

@@ -60,7 +60,8 @@ def resolved_toml(sc: Scenario) -> str:
             if section == "speculative" and key.name != "method" and not sc.speculative.enabled:
                 continue
             if key.type in ("groups", "deployments") or (
-                    section == "cluster" and key.name == "replicas" and sc.cluster.deployment):
+                    section == "cluster" and key.name == "replicas" and sc.cluster is not None
+                    and sc.cluster.deployment):
                 continue  # written as [[engine.kv_groups]] / [[cluster.deployment]] tables below
             lines.append(f"{key.name} = {toml_value(v)}")
         lines.append("")
@@ -72,7 +73,7 @@ def resolved_toml(sc: Scenario) -> str:
                     if v is not None and not (k.name == "sliding_window" and g.kind != "sliding_window"):
                         lines.append(f"{k.name} = {toml_value(v)}")
                 lines.append("")
-        if section == "cluster" and sc.cluster.deployment:
+        if section == "cluster" and sc.cluster is not None and sc.cluster.deployment:
             first = 0
             for n, _ in sc.cluster.deployment:
                 # The deployment's engine values that differ from [engine], as resolved.

@@ -18,8 +18,8 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from kvsim.kv.hybrid import mamba_checkpoint_exportable, mamba_checkpoint_position
-from kvsim.kv.manager import KVCacheManager
+from kvsim.kv.hybrid import HybridKVCacheManager, mamba_checkpoint_exportable, mamba_checkpoint_position
+from kvsim.kv.manager import KVManager
 from kvsim.request import Request, Status
 from kvsim.semantics import Semantics
 
@@ -181,7 +181,8 @@ class _PriorityQueue:
         return len(self._h)
 
 
-WAITING_QUEUES = {"fcfs": _FcfsQueue, "priority": _PriorityQueue}
+WAITING_QUEUES: dict[SchedulingPolicy, type[_FcfsQueue] | type[_PriorityQueue]] = {
+    "fcfs": _FcfsQueue, "priority": _PriorityQueue}
 
 
 Acceptance = Callable[[Request, int], int]
@@ -189,7 +190,7 @@ Acceptance = Callable[[Request, int], int]
 
 
 class Scheduler:
-    def __init__(self, params: SchedulerParams, kv: KVCacheManager, sem: Semantics):
+    def __init__(self, params: SchedulerParams, kv: KVManager, sem: Semantics):
         self.params = params
         self.kv = kv
         self.sem = sem
@@ -272,6 +273,7 @@ class Scheduler:
         if start >= prefill_end:
             return n
         kv, b = self.kv, self.kv.block_size
+        assert isinstance(kv, HybridKVCacheManager)  # only a hybrid layout has a Mamba group
         end = start + n
         if self.sem.hybrid.mamba_split == "last_block":  # 0.19/0.22 Scheduler
             last = req.num_tokens - req.num_tokens % b

@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,7 +117,7 @@ def _check_point(raw: dict, path: Path, given: dict, origin: dict) -> str:
         raise ConfigError(exc.where, f"{exc.what} (at the sweep point {point})") from None
 
 
-def _source(path: Path, data: dict, grid_args: list[str]) -> tuple[dict, Path, dict, list]:
+def _source(path: Path, data: dict, grid_args: Sequence[str]) -> tuple[dict, Path, dict, list]:
     """The base scenario table, the path its relative paths resolve against, the file's grid
     (``section.key`` -> values) and its explicit points."""
     file = path.name
@@ -144,7 +144,7 @@ def _source(path: Path, data: dict, grid_args: list[str]) -> tuple[dict, Path, d
     raise ConfigError(file, "neither a sweep file (no 'scenario' key) nor a scenario")
 
 
-def load(path: Path, grid_args: list[str] = (), repeats: int | None = None) -> Sweep:
+def load(path: Path, grid_args: Sequence[str] = (), repeats: int | None = None) -> Sweep:
     """Read a sweep file, or a scenario file with ``--grid`` axes; validate every point.
 
     Raises ConfigError naming the key (unknown key, empty value list, wrong type, ...).
@@ -195,7 +195,8 @@ def _points(base: dict, base_path: Path, grid: dict, rows: list[dict], combos: l
     shorts = [k.partition(".")[2] for k in keys]
     ambiguous = {s for s in shorts if shorts.count(s) > 1}
     varying = [k for k in keys if len({json.dumps(c.get(k)) for c in combos}) > 1]
-    points, taken = [], set()
+    points: list[Point] = []
+    taken: set[str] = set()
     for given in combos:
         raw = base
         for key, value in given.items():
@@ -222,7 +223,7 @@ def run_point(raw: dict, path: str) -> tuple[str, object]:
         return "error", (exc.where, exc.what)
 
 
-def _local(tasks: list[tuple[dict, str]], workers: int) -> Iterator[tuple[int, tuple]]:
+def _local(tasks: list[tuple[dict, str]], workers: int) -> Generator[tuple[int, tuple], None, None]:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)))
@@ -238,7 +239,8 @@ def _local(tasks: list[tuple[dict, str]], workers: int) -> Iterator[tuple[int, t
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _ray(tasks: list[tuple[dict, str]], workers: int, address: str | None) -> Iterator[tuple[int, tuple]]:
+def _ray(tasks: list[tuple[dict, str]], workers: int,
+         address: str | None) -> Generator[tuple[int, tuple], None, None]:
     try:
         import ray
     except ImportError:

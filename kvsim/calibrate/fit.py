@@ -136,6 +136,7 @@ def _fit_params(feats: np.ndarray, y: np.ndarray, mean_unbiased: bool = False) -
                           max_nfev=3000)
         if best is None or r.cost < best.cost:
             best = r
+    assert best is not None  # at least one start
     if not mean_unbiased:
         return best.x
     r = least_squares(lambda x: predict(x, feats) - y, np.clip(best.x, lo + 1e-15, hi), bounds=(lo, hi),
@@ -150,13 +151,13 @@ def _errors_pct(x, feats, y) -> dict:
 
 
 def fit_pass(col: dict[str, np.ndarray], rng: np.random.Generator,
-             experts: tuple[int, int] = (0, 0)) -> tuple[dict, dict, dict]:
+             experts: tuple[int, int] = (0, 0)) -> tuple[dict, dict | None, dict]:
     """Fit one pass's rows. Returns (params, held-out error, training error)."""
     return fit_features(feature_matrix(col, experts), col["step_s"], rng)
 
 
 def fit_features(feats: np.ndarray, y: np.ndarray, rng: np.random.Generator,
-                 mean_unbiased: bool = False) -> tuple[dict, dict, dict]:
+                 mean_unbiased: bool = False) -> tuple[dict, dict | None, dict]:
     """Fit measured passes given as rows of ``kvsim.cost.fitted.features`` and seconds ``y``.
 
     The relative fit suits timed kernels (steady, errors in proportion). ``mean_unbiased``

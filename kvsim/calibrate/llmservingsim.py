@@ -116,7 +116,7 @@ def step_rows(folder: Path, tp: int, model: str | None = None) -> tuple[list[dic
     per_layer = attn_us + sum(dense_us(op, tokens) for op in dense if op not in ONCE_PER_STEP)
     per_layer += dense_us("layernorm", tokens)  # pre-attention and pre-MLP norms
     if moe is not None:
-        per_layer += _moe_us(moe, tokens, num_experts * expert_share(tokens, num_experts, top_k))
+        per_layer += _moe_us(moe, tokens, np.asarray(num_experts * expert_share(tokens, num_experts, top_k)))
     once = sum(dense_us(op, tokens) for op in ONCE_PER_STEP if op in dense)
     head = np.interp(sampled, *per_seq["lm_head"]) + np.interp(sampled, *per_seq["sampler"])
     layers = shape.num_hidden_layers

@@ -70,6 +70,7 @@ class _Pass:
 
 def _model_pass(model: ModelCfg, tp: int, kv_cache_dtype: str, num_layers: int | None = None,
                 body_params: float | None = None) -> _Pass:
+    weight_params: float
     lm = model.vocab_size * model.hidden_size
     layers = num_layers or model.num_hidden_layers
     if body_params is None:

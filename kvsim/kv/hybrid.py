@@ -288,9 +288,10 @@ class HybridKVCacheManager:
                 h = fine[j]
             else:
                 span = tuple(fine[j * s:(j + 1) * s])
-                h = self._coarse.get(span)
-                if h is None:  # coarse ids are in (-2^63, 0): never a fine id (hashing.py)
-                    h = self._coarse[span] = -1 - len(self._coarse)
+                coarse = self._coarse.get(span)
+                if coarse is None:  # coarse ids are in (-2^63, 0): never a fine id (hashing.py)
+                    coarse = self._coarse[span] = -1 - len(self._coarse)
+                h = coarse
             keys.append(h * num_groups + g.gid)
         return keys
 
@@ -737,8 +738,9 @@ class HybridKVCacheManager:
                 self._rekey_mamba_checkpoint(req, g, cacheable)
             if num_cached < num_full:  # every state block of the range that carries a hash now
                 table, null = g.tables[req.req_id], self.pool.null_block
-                g.cached_this_step.update(table[i].block_hash for i in range(num_cached, num_full)
-                                          if table[i] is not null and table[i].block_hash is not None)
+                g.cached_this_step.update(h for i in range(num_cached, num_full)
+                                          if table[i] is not null
+                                          and (h := table[i].block_hash) is not None)
 
     def _rekey_mamba_checkpoint(self, req: Request, g: _Group, num_tokens: int) -> None:
         """MambaManager._cache_partial_tail_block: the checkpoint this step's chunk exports

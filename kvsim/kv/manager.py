@@ -13,6 +13,9 @@ in the same step already hits them); ``free`` releases a request's table tail fi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any, Protocol, Self
+
 from kvsim.kv.hashing import BlockHasher
 from kvsim.kv.pool import Block, BlockPool
 from kvsim.request import Request
@@ -20,6 +23,43 @@ from kvsim.request import Request
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+class KVManager(Protocol):
+    """The contract the scheduler plans through, vLLM's ``KVCacheManager`` interface: this
+    module's ``KVCacheManager`` for one full-attention group, ``kvsim.kv.hybrid``'s
+    ``HybridKVCacheManager`` for several. A hit (``get_computed_blocks``) is handed back to
+    ``allocate_slots`` as the manager returned it."""
+
+    pool: BlockPool
+    block_size: int  # the scheduler's block size (hybrid: the lcm of the groups')
+    max_model_len: int
+    enable_caching: bool
+    eagle_drop: bool
+    num_reprefillable: int
+    mamba_align: bool
+    hasher: BlockHasher
+
+    @property
+    def req_to_blocks(self) -> dict[str, list[Block]]: ...
+
+    def share_hashes(self, other: Self) -> None: ...
+
+    def get_computed_blocks(self, req: Request) -> tuple[Any, int]: ...
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Any = None, num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> list[Block] | None: ...
+
+    def cache_blocks(self, req: Request, num_tokens: int, /) -> None: ...
+
+    def free(self, req: Request) -> None: ...
+
+    def new_step_starts(self) -> None: ...
+
+    def block_ids(self, req_id: str) -> Any: ...
+
+    def check_invariants(self) -> None: ...
 
 
 class KVCacheManager:
@@ -155,7 +195,7 @@ class KVCacheManager:
         self.num_cached_block.pop(req.req_id, None)
         self.pool.free_blocks(reversed(table))
 
-    def forget_unused_hashes(self, live_requests) -> None:
+    def forget_unused_hashes(self, live_requests: Iterable[Request]) -> None:
         """Let the hasher drop the keys that neither a pool block nor ``live_requests`` (every
         request not finished) holds (``BlockHasher.forget_all_but``)."""
         live = {blk.block_hash for blk in self.pool.blocks if blk.block_hash is not None}

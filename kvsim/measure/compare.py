@@ -45,7 +45,7 @@ def timing_independent(measured: dict[str, dict], predicted: dict[str, dict],
             if r.get("ttft_s") is None:
                 continue
             start, first = r["arrival_s"], r["arrival_s"] + r["ttft_s"]
-            warmed = overlap = 0
+            warmed, overlap = 0, 0.0
             for oid, o in run.items():
                 if oid == rid:
                     continue
@@ -175,7 +175,8 @@ def plot(rows: list[dict], folder, title: str) -> None:
                               (False, "tab:orange", "hit may depend on timing")):
         pts = [(m, p) for m, p, i in pairs if i == iso]
         if pts:
-            ax.scatter(*zip(*pts), s=14, color=color, label=label)
+            measured, predicted = zip(*pts)
+            ax.scatter(measured, predicted, s=14, color=color, label=label)
     if pairs:
         hi = max(max(m, p) for m, p, _ in pairs) * 1.05
         ax.plot([0, hi], [0, hi], color="grey", lw=0.8)

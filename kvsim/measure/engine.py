@@ -27,6 +27,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -317,7 +318,7 @@ def validate(path: Path, python: str | None, timeout_s: float, log=None) -> dict
     py = engine_python(python)
     shape = model_shape(sc)
     before, after = calibration_workload(raw, path, sc)
-    spec = {"model": shape, "model_dir": str(model_dir(shape)),
+    spec: dict[str, Any] = {"model": shape, "model_dir": str(model_dir(shape)),
             "engine": engine_args(sc, None if sc.engine.num_gpu_blocks_derived
                                   else sc.engine.num_gpu_blocks),
             # Run in this order, each on an empty prefix cache.

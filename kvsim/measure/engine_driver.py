@@ -108,7 +108,7 @@ def build_llm(model_dir: Path, engine: dict):
 
 
 def counters(llm) -> dict[str, float]:
-    out = {}
+    out: dict[str, float] = {}
     for m in llm.get_metrics():
         if m.name in COUNTERS and hasattr(m, "value"):
             out[m.name] = out.get(m.name, 0) + m.value

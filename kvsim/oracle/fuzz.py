@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 from kvsim.semantics import semantics_for
 
@@ -23,7 +24,8 @@ SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
 def _groups(rng: random.Random, mml: int, budget: int) -> tuple[list[dict], int, int]:
     """A random hybrid layout, its alignment U and the blocks one max_model_len request needs."""
     b1, b2 = rng.choice([(16, 16), (16, 32), (32, 16), (8, 32), (16, 64)])
-    groups = [{"kind": "full_attention", "block_size": b1, "eagle": rng.random() < 0.7},
+    groups: list[dict[str, Any]] = [
+              {"kind": "full_attention", "block_size": b1, "eagle": rng.random() < 0.7},
               {"kind": "sliding_window", "block_size": b2,
                "sliding_window": rng.choice([8, 32, 64, 100])}]
     if rng.random() < 0.3:
@@ -76,7 +78,7 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
     budget = rng.choice([32, 64, 128, 256, 2048])
     if not chunked:
         budget = max(budget, mml)
-    engine = {
+    engine: dict[str, Any] = {
         "block_size": b,
         "num_gpu_blocks": min_blocks + rng.choice([0, 1, 3, min_blocks // 2, 2 * min_blocks, 6 * min_blocks]),
         "enable_prefix_caching": rng.random() < 0.85,
@@ -117,7 +119,7 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
         n = rng.choice([rng.randint(1, 300), b * rng.randint(1, 12)])
         docs.append([next_id, n])
         next_id += n
-    requests = []
+    requests: list[dict[str, Any]] = []
     join = 0
     for i in range(rng.randint(4, 40)):
         if requests and rng.random() < 0.15:

@@ -29,7 +29,9 @@ from kvsim.oracle.replay import build, compare, drive
 from kvsim.oracle.validate import DRIVER, oracle_python
 from kvsim.semantics import VERSIONS
 
-MIXES = (  # (speculative decoding, hybrid groups ("mamba": with a Mamba group), asynchronous)
+# (speculative decoding, hybrid groups (True, or "mamba": with a Mamba group), asynchronous)
+Mix = tuple[bool, bool | str, bool]
+MIXES: tuple[Mix, ...] = (
     (False, False, False), (True, False, False), (False, True, False), (True, True, False),
     (False, False, True), (True, True, True), (False, "mamba", False), (True, "mamba", False),
     (True, "mamba", True),
@@ -44,7 +46,7 @@ def mix_name(mix: tuple) -> str:
     return "-".join(parts) or "plain"
 
 
-def mixes_for(version: str, only: set[str] | None = None) -> list[tuple[bool, bool, bool]]:
+def mixes_for(version: str, only: set[str] | None = None) -> list[Mix]:
     """The mixes this release supports (asynchronous ones where kvsim models its scheduler),
     limited to the named ones (``mix_name``) when ``only`` is given."""
     return [m for m in MIXES if (not m[2] or VERSIONS[version].async_modelled)

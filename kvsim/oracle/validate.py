@@ -68,7 +68,7 @@ def driver_scenario(sc: Scenario) -> dict:
                "max_tokens": r.max_tokens, "priority": r.priority, "arrival_time": r.arrival_s,
                "join_step": r.join_step, "output_token_id": r.output_token_id}
         if accept is not None:
-            row["accepted"] = accept.log.get(r.seq) or [0]
+            row["accepted"] = (accept.log or {}).get(r.seq) or [0]
         requests.append(row)
     return {"engine": eng, "requests": requests}
 

@@ -56,9 +56,16 @@ def select(specs: list[RequestSpec], w: WorkloadCfg, seed: int, where: str) -> l
     return specs
 
 
+def _read_trace(w: WorkloadCfg, seed: int) -> list[RequestSpec]:
+    """The workload's trace file, its window and sample taken."""
+    assert w.path is not None  # the scenario's check: a workload that reads a trace names it
+    return select(read_trace(w.format, w.path), w, seed, str(w.path))
+
+
 def _with_acceptances(specs: list[RequestSpec], w: WorkloadCfg, k: int, seed: int) -> list[RequestSpec]:
     """Give each request without one an ``accepted`` list (``acceptance_rate_mean``)."""
     mean, sd = w.acceptance_rate_mean, w.acceptance_rate_sd
+    assert mean is not None  # called only when it is given
     rng = np.random.default_rng((seed, _ACCEPT_STREAM))
     if sd > 0 and 0 < mean < 1:
         nu = mean * (1 - mean) / (sd * sd) - 1  # beta(a, b) with this mean and sd
@@ -87,8 +94,7 @@ def _arrivals(sc: Scenario, rng: np.random.Generator):
     def arrivals(n: int) -> np.ndarray:
         if w.arrival != "trace":
             return process_arrivals(w, n, rng)
-        times = sorted(s.arrival_s for s in select(read_trace(w.format, w.path), w, sc.run.seed,
-                                                      str(w.path)))
+        times = sorted(s.arrival_s for s in _read_trace(w, sc.run.seed))
         if len(times) < n:
             raise ConfigError(f"{w.path}", f"the arrival trace has {len(times)} requests "
                               f"(after window and sampling); the generator needs {n}")
@@ -99,7 +105,7 @@ def _arrivals(sc: Scenario, rng: np.random.Generator):
 
 def _trace_lengths(sc: Scenario, rng: np.random.Generator, arrivals) -> Iterator[RequestSpec]:
     w = sc.workload
-    trace = select(read_trace(w.format, w.path), w, sc.run.seed, str(w.path))
+    trace = _read_trace(w, sc.run.seed)
     lengths = np.array([(len(s.prompt), s.max_tokens) for s in trace], dtype=np.int64)
     return trace_lengths(w, rng, arrivals, lengths, sc.engine.max_model_len)
 
@@ -124,7 +130,7 @@ def build_requests(sc: Scenario) -> list[RequestSpec]:
     seed = sc.run.seed
     if w.kind == "trace":
         where = str(w.path)
-        specs = select(read_trace(w.format, w.path), w, seed, where)
+        specs = _read_trace(w, seed)
     else:
         rng = np.random.default_rng(seed)
         where = "workload"

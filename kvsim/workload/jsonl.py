@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
+from typing import TypeGuard
 
 from kvsim.errors import ConfigError
 from kvsim.request import ExplicitTokens, RequestSpec, SegmentTokens
@@ -23,7 +24,7 @@ FIELDS = ("arrival_s", "max_tokens", "prompt_token_ids", "prompt_segments", "req
           "accepted", "session_id")
 
 
-def _int(v) -> bool:
+def _int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -64,7 +65,7 @@ def _parse_line(obj, where: str, index: int) -> RequestSpec:
             raise ConfigError(where, "prompt_token_ids must be a non-empty list")
         if not all(_int(t) and t >= 0 for t in ids):
             raise ConfigError(where, "prompt_token_ids must hold non-negative integers")
-        prompt = ExplicitTokens(tuple(ids))
+        prompt: ExplicitTokens | SegmentTokens = ExplicitTokens(tuple(ids))
     else:
         if not isinstance(segs, list) or not segs:
             raise ConfigError(where, "prompt_segments must be a non-empty list of [first_token_id, length]")
