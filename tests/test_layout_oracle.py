@@ -4,10 +4,10 @@ For each case vLLM builds its config with EngineArgs, the model on the ``meta`` 
 weights), its KV-cache specs, groups and plan for a given KV memory (``kvsim/oracle/
 layout_driver.py``), and the test compares the groups (kind, block size, layers, window), the
 attention block size, the Mamba cache mode and the number of blocks with ``kvsim.layout``.
-Slow (10-30 s per case): run with KVSIM_LAYOUT_ORACLE=1. The driver needs packages the oracle
-environments lack (compressed-tensors, flashinfer-python, triton, torchvision at the release's
-pins, installed with ``pip install --no-deps --target`` into
-``~/.cache/kvsim/oracle/vllm-<release>-layout-extras``; see layout_driver.py).
+Slow (10-30 s per case): run with KVSIM_LAYOUT_ORACLE=1 (CI does). The driver needs packages
+the oracle environments lack (compressed-tensors, flashinfer-python, triton, torchvision at the
+release's pins): ``bash kvsim/oracle/make_layout_extras.sh 0.33.0`` installs them beside the
+environment.
 """
 
 import os

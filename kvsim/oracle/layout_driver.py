@@ -112,13 +112,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Pure-Python dependencies of the vLLM wheel that the oracle environments (make_env.sh) leave
 # out but the model-building path imports: compressed-tensors (quantization configs) and
 # flashinfer-python (the FlashInfer attention backends' import-time checks). They live beside
-# the environment, installed with the release's own pins, e.g. for 0.33.0:
-#   ENV/bin/python -m pip install --no-deps --target ENV-layout-extras \
-#       compressed-tensors==0.17.0 flashinfer-python==0.7.2.post1
-# (0.32.0: flashinfer-python==0.7.0.post1; 0.22.1: compressed-tensors==0.15.0.1,
-# flashinfer-python==0.6.11.post2; 0.19.0: 0.14.0.1 and 0.6.6). KVSIM_LAYOUT_EXTRAS overrides
-# the folder. Without it, a model that imports them fails, and FlashInfer backends are
-# reported unavailable by vLLM's selector.
+# the environment, installed with the release's own pins by make_layout_extras.sh (with
+# triton and torchvision, see P10 and P11). KVSIM_LAYOUT_EXTRAS overrides the folder. Without
+# it, a model that imports them fails, and FlashInfer backends are reported unavailable by
+# vLLM's selector.
 EXTRAS_DIR = os.environ.get("KVSIM_LAYOUT_EXTRAS") or (sys.prefix.rstrip("/") + "-layout-extras")
 if os.path.isdir(EXTRAS_DIR):
     sys.path.append(EXTRAS_DIR)
