@@ -344,6 +344,12 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                               f"largest prefill chunk ({limit}): vLLM {sem.version}'s aligned "
                               "split can never schedule a longer prompt (the engine stalls)")
     derived = e["num_gpu_blocks"] is None
+    if derived and model.index_head_dim and e["kv_cache_dtype"].startswith("fp8"):
+        # vLLM pages an fp8 sparse-MLA cache by GPU: fp8_ds_mla (656 B a token) on Hopper,
+        # plain fp8 (576 B) on Blackwell; only the 16-bit page is modelled.
+        raise ConfigError(f"{where}.kv_cache_dtype", f"{e['kv_cache_dtype']!r} with DeepSeek "
+                          "Sparse Attention (an fp8_ds_mla page on Hopper) is not modelled: "
+                          "leave it 'auto', or set engine.num_gpu_blocks")
     if derived:
         if e["kv_cache_memory_bytes"] is not None:
             avail = e["kv_cache_memory_bytes"]

@@ -183,7 +183,7 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
     # -- weights, by shape -------------------------------------------------------------------
     bias = fam.qkv_bias or (fam.attention_bias and t.bool(fam.attention_bias, False))
     attention_type: AttentionType = "gqa"
-    kv_lora = rope = 0
+    kv_lora = rope = index_head_dim = 0
     if kind == "deepseek":
         attention_type = "mla"
         kv_lora, rope = t.int("kv_lora_rank"), t.int("qk_rope_head_dim")
@@ -194,6 +194,7 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
         if arch == "DeepseekV32ForCausalLM":  # the lightning indexer (deepseek_v2.py Indexer)
             ni, di = t.int("index_n_heads"), t.int("index_head_dim")
             attn += (q_lora or H) * ni * di + H * di + 2 * di + H * ni
+            index_head_dim = di
         d = nope + rope  # vLLM's get_head_size for MLA is kv_lora + rope; q/k head size here
         nkv = nq
     else:
@@ -238,7 +239,8 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
         qk_rope_head_dim=rope, num_nextn_predict_layers=max(1, num_mtp), mtp_params=mtp,
         architecture=arch,
         layer_types=layer_types if set(layer_types) != {"full_attention"} else (),
-        sliding_window=window, linear_attention=gdn, quantized_params=quantized, hf_id=hf_id,
+        sliding_window=window, linear_attention=gdn, index_head_dim=index_head_dim,
+        quantized_params=quantized, hf_id=hf_id,
         preset=preset,
         config=config)
 

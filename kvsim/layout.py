@@ -75,8 +75,12 @@ def attention_kernel_blocks(model: ModelCfg, capability: Capability | None) -> t
     Standard attention: FlashAttention (Hopper, Ampere, Ada) or FlashInfer (Blackwell SM100),
     both at multiples of 16. MLA (``platforms/cuda.py _get_backend_priorities``): Hopper
     FLASH_ATTN_MLA (multiples of 16), Blackwell SM100 FLASHINFER_MLA (32 or 64), other GPUs
-    TRITON_MLA (multiples of 16).
+    TRITON_MLA (multiples of 16). Sparse MLA (DeepSeek-V3.2's indexer): the indexer backend
+    reads 64-token blocks on CUDA (``mla/indexer.py``: ``[64]``) and FlashMLA-sparse
+    multiples of 64, on every generation.
     """
+    if model.attention_type == "mla" and model.index_head_dim:
+        return (64,)
     if model.attention_type == "mla":
         if capability is None:
             raise ConfigError("hardware.compute_capability", "needed for an MLA model: vLLM's "

@@ -72,6 +72,9 @@ class ModelCfg:
     layer_types: tuple[LayerType, ...] = ()  # one per decoder layer; () = all full_attention
     sliding_window: int = 0
     linear_attention: GatedDeltaNet | None = None
+    # DeepSeek Sparse Attention (DeepSeek-V3.2): the lightning indexer's key width; each MLA
+    # layer also caches one indexer key per token (0: no indexer).
+    index_head_dim: int = 0
     quantized_params: int = 0  # of num_params, those stored in MXFP4 (gpt-oss experts)
     hf_id: str = ""
 
@@ -110,12 +113,21 @@ def kv_cache_dtype_bytes(model: ModelCfg, kv_cache_dtype: str) -> int:
     return max(2, model.dtype_bytes)
 
 
+def indexer_bytes_per_token(model: ModelCfg) -> int:
+    """A sparse-attention layer's indexer-key bytes per token: fp8 values and one float32
+    scale per 128 (``DeepseekV32IndexerCache``: ``head_dim + head_dim // 128 * 4``, uint8,
+    whatever the KV cache dtype)."""
+    return model.index_head_dim + model.index_head_dim // 128 * 4
+
+
 def attention_page_bytes_per_token(model: ModelCfg, kv_cache_dtype: str, tp: int) -> int:
     """One attention layer's KV bytes per token on one GPU (vLLM's ``page_size_bytes`` of an
-    attention spec with block_size 1): K and V per KV head, or MLA's one latent, replicated."""
+    attention spec with block_size 1): K and V per KV head, or MLA's one latent, replicated
+    (with a sparse-attention model's indexer key, which shares the layer's block ids)."""
     dtype_bytes = kv_cache_dtype_bytes(model, kv_cache_dtype)
     if model.attention_type == "mla":
-        return (model.kv_lora_rank + model.qk_rope_head_dim) * dtype_bytes
+        return ((model.kv_lora_rank + model.qk_rope_head_dim) * dtype_bytes
+                + indexer_bytes_per_token(model))
     kv_heads = max(1, model.num_key_value_heads // tp)  # vLLM's ModelConfig.get_num_kv_heads
     return 2 * kv_heads * model.head_dim * dtype_bytes
 

@@ -19,7 +19,7 @@ from kvsim.layout import MambaCacheMode
 from kvsim.model import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, AttentionType, ModelCfg
 from kvsim.sched import SCHEDULING_POLICIES, SchedulingPolicy
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
-from kvsim.specdec import EAGLE_METHODS, SPEC_METHODS, AcceptanceKind, Drafting, SpecMethod
+from kvsim.specdec import SPEC_METHODS, AcceptanceKind, Drafting, SpecMethod
 
 GiB = 1 << 30
 WorkloadKind = Literal["trace", "synthetic"]
@@ -403,10 +403,6 @@ class SpecCfg:
     @property
     def enabled(self) -> bool:
         return self.method != "none"
-
-    @property
-    def eagle_family(self) -> bool:
-        return self.method in EAGLE_METHODS
 
     def drafting(self, num_nextn_predict_layers: int) -> Drafting:
         """The accounting's record of these settings (for a checkpoint with that many MTP

@@ -62,9 +62,6 @@ class Drafting:
         return self.method in EAGLE_METHODS
 
 
-NO_DRAFTING = Drafting("none", 0, False, False, False, 1)
-
-
 @dataclass(frozen=True, slots=True)
 class SpecSetup:
     params: SpecParams

@@ -157,6 +157,7 @@ def test_each_default_is_stated_once_in_the_key_tables():
     # Fields that no key sets: derived at load (engine), or read from config.json (model).
     not_keys = {"engine": {"num_gpu_blocks_derived"}, "cluster": {"engines"},
                 "model": {"architecture", "layer_types", "sliding_window", "linear_attention",
+                          "index_head_dim",
                           "quantized_params", "hf_id"}}
     for section, cls in records.items():
         keys = {k.name for k in SCHEMA[section]} - ({"preset"} if section == "hardware" else set())

@@ -33,6 +33,9 @@ CASES = [  # (preset, release, tp, capability)
     ("ministral-8b-instruct-2410", "0.33.0", 1, (9, 0)),
     ("deepseek-v3", "0.33.0", 1, (9, 0)),
     ("deepseek-v3", "0.33.0", 1, (10, 0)),
+    ("deepseek-v3.2", "0.33.0", 1, (9, 0)),  # sparse MLA: the indexer's keys share the blocks
+    ("deepseek-v3.2", "0.33.0", 1, (10, 0)),
+    ("deepseek-v3.2", "0.32.0", 1, (9, 0)),
     ("qwen3.5-27b", "0.33.0", 1, (9, 0)),
     ("qwen3.5-27b", "0.33.0", 1, (8, 0)),
     ("qwen3.5-27b", "0.33.0", 1, (10, 0)),
@@ -56,7 +59,10 @@ def test_layout_equals_vllms(name, version, tp, cap):
              "mamba": "mamba", "mla": "full_attention"}
     theirs = [(kinds[g["kind"]], g["block_size"], g["num_layers"], g.get("sliding_window") or 0)
               for g in vllm["groups"]]
-    ours = ([("full_attention", lay.block_size, model.num_hidden_layers, 0)] if lay.groups is None
+    # vLLM lists a sparse-attention layer's indexer cache as a layer of its own in the group.
+    per_layer = 2 if model.index_head_dim else 1
+    ours = ([("full_attention", lay.block_size, per_layer * model.num_hidden_layers, 0)]
+            if lay.groups is None
             else [(g.kind, g.block_size, g.num_layers, g.sliding_window) for g in lay.groups])
     assert ours == theirs
     assert lay.block_size == vllm["block_size"]

@@ -97,6 +97,25 @@ def test_mla_block_by_gpu_generation():
         _layout("deepseek-v3", cap=None)
 
 
+def test_sparse_mla_indexer_keys_share_the_block():
+    # DeepSeek-V3.2 (vLLM 0.33 mla/indexer.py, deepseek_v2.py DeepseekV32IndexerCache): 64-token
+    # blocks on every generation; per layer and token the bf16 latent (512 + 64) * 2 bytes plus
+    # the indexer key, 128 fp8 values and a float32 scale: 132 bytes, in the same block.
+    for cap in ((9, 0), (10, 0)):
+        lay = _layout("deepseek-v3.2", cap=cap)
+        assert (lay.block_size, lay.block_bytes) == (64, 61 * 64 * (1152 + 132))
+
+
+def test_sparse_mla_with_an_fp8_cache_is_refused_not_guessed():
+    raw = {"model": {"preset": "deepseek-v3.2"}, "hardware": {"preset": "h200"},
+           "engine": {"kv_cache_dtype": "fp8", "tensor_parallel_size": 8}}
+    raw["hardware"] |= {"interconnect_bandwidth_bytes_per_s": 450e9}
+    with pytest.raises(ConfigError, match="engine.kv_cache_dtype: 'fp8' with DeepSeek Sparse"):
+        parse_scenario(raw)
+    raw["engine"]["num_gpu_blocks"] = 4096  # the pool given: the page size is not needed
+    assert parse_scenario(raw).engine.block_size == 64
+
+
 def test_layout_reaches_the_engine_and_the_resolved_scenario():
     import tomllib
 

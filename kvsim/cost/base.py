@@ -26,9 +26,6 @@ class Drafter:
     model: ModelCfg | None
 
 
-NO_DRAFTER = Drafter("none", 0, None)
-
-
 @dataclass(frozen=True, slots=True)
 class CostInputs:
     model: ModelCfg

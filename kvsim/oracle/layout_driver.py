@@ -90,6 +90,10 @@ planning logic). Each one applied is listed in the output's "notes":
   P12 While the model is built and update_block_size_for_backend runs, tensors created on an
       explicit CUDA device (FlashInfer per-layer workspace, CUTLASS MLA module workspace) are
       created on the meta device.
+  P13 DeepSeek Sparse Attention's indexer layer sees DeepGEMM (a separate GPU kernel package)
+      present, so the model builds; its KV-cache spec does not depend on it.
+  P14 The worker's workspace manager (which sparse MLA layers reserve from when built) is
+      started on the meta device, as GPUModelRunner starts it on the GPU.
   Any further patch a release needs is appended to "notes".
 """
 
@@ -380,6 +384,30 @@ def _install_platform(inp: dict):
         real = getattr(torch.ops, ns)
         setattr(torch.ops, ns, _PlaceholderNamespace(ns, real))
     NOTES.append("P8: placeholder ops for torch.ops." + ", torch.ops.".join(sorted(namespaces)))
+
+    # P13: DeepSeek Sparse Attention's indexer (SparseAttnIndexer) refuses to be built on CUDA
+    # without DeepGEMM, a separate kernel package a GPU deployment installs; it is absent here,
+    # and nothing runs. The indexer's KV-cache spec does not depend on it.
+    try:
+        import vllm.model_executor.layers.sparse_attn_indexer as _sai
+
+        if hasattr(_sai, "has_deep_gemm") and not _sai.has_deep_gemm():
+            _sai.has_deep_gemm = lambda: True
+            NOTES.append("P13: SparseAttnIndexer sees DeepGEMM present")
+    except Exception:  # noqa: BLE001
+        pass
+    # P14: the worker's workspace manager (GPUModelRunner.__init__ starts it on the GPU; sparse
+    # MLA layers reserve from it when built) is started on the meta device.
+    try:
+        import torch as _torch
+        import vllm.v1.worker.workspace as _ws
+
+        if getattr(_ws, "_manager", "absent") is None:
+            _ws.init_workspace_manager(_torch.device("meta"))
+            _torch.accelerator.empty_cache = lambda: None  # nothing cached on meta
+            NOTES.append("P14: workspace manager started on the meta device")
+    except Exception:  # noqa: BLE001
+        pass
     return platforms._current_platform
 
 
