@@ -20,7 +20,7 @@ from kvsim.kv.pool import BlockPool
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.schema import Scenario
 from kvsim.semantics import Semantics
-from kvsim.specdec import Acceptance, Drafting, derive_spec
+from kvsim.specdec import Acceptance, Drafting, SpecSetup, derive_spec
 
 
 def build_scheduler(sc: Scenario) -> Scheduler:
@@ -39,6 +39,14 @@ def build_scheduler(sc: Scenario) -> Scheduler:
                               enable_caching=e.enable_prefix_caching,
                               kv_groups=list(e.kv_groups or ()),
                               retention_interval=e.retention_interval)
+
+
+def spec_setup(sc: Scenario) -> SpecSetup:
+    """The accounting consequences of the scenario's speculative decoding (as
+    ``build_scheduler`` derives them)."""
+    e = sc.engine
+    return derive_spec(sc.speculative.drafting(sc.model.num_nextn_predict_layers), e.semantics,
+                       e.enable_prefix_caching, e.block_size)
 
 
 def acceptance_for(sc: Scenario, record: bool = False) -> Acceptance:

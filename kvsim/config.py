@@ -23,7 +23,7 @@ from kvsim import hf, presets, traces
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.layout import KVLayout, derive_layout, estimate_kv_cache_bytes, mamba_cache_mode
-from kvsim.model import ModelCfg, attention_page_bytes_per_token
+from kvsim.model import GiB, ModelCfg, attention_page_bytes_per_token
 from kvsim.schema import (
     DEPLOYMENT_REPLICAS,
     ENGINE_KEYS,
@@ -36,7 +36,6 @@ from kvsim.schema import (
     ClusterCfg,
     CostCfg,
     EngineCfg,
-    GiB,
     HardwareCfg,
     Key,
     RunCfg,

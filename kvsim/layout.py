@@ -28,7 +28,7 @@ from typing import Literal
 
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
-from kvsim.model import ModelCfg, attention_page_bytes_per_token
+from kvsim.model import GiB, ModelCfg, attention_page_bytes_per_token
 
 MambaCacheMode = Literal["none", "align", "all"]
 Capability = tuple[int, int]
@@ -214,7 +214,7 @@ def estimate_kv_cache_bytes(model: ModelCfg, memory_bytes: int, util: float, tp:
     weights = model.weight_bytes // tp
     activation = (max_num_batched_tokens * (2 * model.intermediate_size // tp + 4 * model.hidden_size)
                   * model.dtype_bytes + max_num_seqs * model.vocab_size * 4)
-    non_torch = 1 << 30
+    non_torch = 1 * GiB
     avail = int(memory_bytes * util) - weights - activation - non_torch
     return avail, {"weights_bytes": weights, "activation_bytes": activation,
                    "non_torch_bytes": non_torch}

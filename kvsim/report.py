@@ -18,10 +18,11 @@ from math import lcm
 from pathlib import Path
 
 from kvsim import plots, results
+from kvsim.assemble import spec_setup
 from kvsim.compare import COLUMNS
 from kvsim.config import parse_scenario
 from kvsim.errors import ConfigError
-from kvsim.specdec import EAGLE_METHODS, derive_spec
+from kvsim.specdec import EAGLE_METHODS
 
 
 class Run:
@@ -106,9 +107,7 @@ def _rule(run: Run) -> str:
         sc = parse_scenario(run.resolved, run.folder / "scenario.resolved.toml")
     except ConfigError:
         return unit
-    e = sc.engine
-    setup = derive_spec(sc.speculative.drafting(sc.model.num_nextn_predict_layers), e.semantics,
-                        e.enable_prefix_caching, e.block_size)
+    setup = spec_setup(sc)
     version = run.summary["vllm_version"]
     retention = sc.engine.prefix_cache_retention_interval
     if retention != "dense" and any(g.kind != "full_attention" for g in sc.engine.kv_groups or ()):

@@ -21,7 +21,6 @@ from kvsim.sched import SCHEDULING_POLICIES, SchedulingPolicy
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
 from kvsim.specdec import SPEC_METHODS, AcceptanceKind, Drafting, SpecMethod
 
-GiB = 1 << 30
 WorkloadKind = Literal["trace", "synthetic"]
 TraceFormat = Literal["kvsim", "mooncake", "azure"]
 GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_lengths"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from kvsim.kv.hybrid import HybridRules
 from kvsim.layout import LayoutRules
+from kvsim.model import GiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +132,11 @@ class Semantics:
                              capability: tuple[int, int] | None) -> tuple[int, int]:
         """`vllm serve`'s (max_num_batched_tokens, max_num_seqs) on a CUDA device with
         ``memory_bytes`` named ``device_name``."""
-        gib = 1 << 30
-        if self.batch_tier_160gib and memory_bytes >= 160 * gib:
+        if self.batch_tier_160gib and memory_bytes >= 160 * GiB:
             return 16384, 1024
         small = "a100" in device_name.lower() or (
             self.batch_small_tier_on_gb10 and capability == (12, 1))
-        if memory_bytes >= 70 * gib and not small:
+        if memory_bytes >= 70 * GiB and not small:
             return 8192, 1024
         return 2048, 256
 

@@ -3,11 +3,10 @@ vLLM 0.33.0's scheduler.py / kv_cache_utils.py."""
 
 import pytest
 
-from kvsim.assemble import acceptance_for
+from kvsim.assemble import acceptance_for, spec_setup
 from kvsim.config import parse_scenario
 from kvsim.engine import build_scheduler
 from kvsim.request import ExplicitTokens, Request, RequestSpec
-from kvsim.specdec import derive_spec
 from tests.builders import run_until_done
 
 
@@ -157,9 +156,7 @@ def test_spec_setup_by_method():
     def setup(method, k=3, **kw):
         raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
                "speculative": {"method": method, "num_speculative_tokens": k, **kw}}
-        sc = parse_scenario(raw)
-        return derive_spec(sc.speculative.drafting(sc.model.num_nextn_predict_layers),
-                           sc.engine.semantics, sc.engine.enable_prefix_caching, sc.engine.block_size)
+        return spec_setup(parse_scenario(raw))
     e = setup("eagle")
     assert (e.params.num_lookahead_tokens, e.params.draft_slots) == (3, 0)
     assert (e.hash_lookahead, e.eagle_drop) == (1, False)
