@@ -306,9 +306,9 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if e["long_prefill_token_threshold"] > mml:
         raise ConfigError(f"{where}.long_prefill_token_threshold",
                           f"{e['long_prefill_token_threshold']} exceeds max_model_len ({mml})")
-    k = (raw.get("speculative") or {}).get("num_speculative_tokens")
     # Speculative tokens, for Mamba's state blocks and a window's re-prefillable tail (k is
     # checked with [speculative] below).
+    k = _num_speculative_tokens(raw.get("speculative") or {}, model)
     nsb = k if method != "none" and isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
     if e["mamba_cache_mode"] == "all" and "all" not in sem.layout.mamba_cache_modes:
         raise ConfigError(f"{where}.mamba_cache_mode", f"vLLM {sem.version} has no mode 'all' "
@@ -481,15 +481,31 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     return _build(WorkloadCfg, w)
 
 
-def _speculative(raw: dict, file: str, engine: EngineCfg) -> SpecCfg:
+def _num_speculative_tokens(s: dict, model: ModelCfg):
+    """``num_speculative_tokens`` as given, else vLLM's default for MTP (SpeculativeConfig: the
+    checkpoint's MTP layers); None when missing (checked in ``_speculative``)."""
+    k = s.get("num_speculative_tokens")
+    if k is None and s.get("method") == "mtp" and model.num_nextn_predict_layers:
+        return model.num_nextn_predict_layers
+    return k
+
+
+def _speculative(raw: dict, file: str, engine: EngineCfg, model: ModelCfg) -> SpecCfg:
     s = _section(raw, "speculative", file)
     where = f"{file}: speculative"
     if s["method"] == "none":  # the other keys are inert (variants switch the method alone)
         return _build(SpecCfg, {**s, "num_speculative_tokens": 0, "num_accepted": 0})
-    k = s["num_speculative_tokens"]
+    if s["method"] == "mtp" and not model.num_nextn_predict_layers:
+        raise ConfigError(f"{where}.method", f"'mtp' needs a model with MTP layers; "
+                          f"{model.name} has none (model.num_nextn_predict_layers = 0), and vLLM "
+                          "refuses it: use a drafter ('eagle3', 'draft_model') or 'ngram'")
+    k = s["num_speculative_tokens"] = _num_speculative_tokens(s, model)
     if k is None:
         raise ConfigError(f"{where}.num_speculative_tokens", f"missing (required with method = "
                           f"'{s['method']}')")
+    if len(s["acceptance_rates"]) not in (1, k):
+        raise ConfigError(f"{where}.acceptance_rates", f"{len(s['acceptance_rates'])} rates for "
+                          f"{k} drafts: give one for every position, or one per draft")
     sem = engine.semantics
     for flag, ok in (("disable_eagle_block_drop", sem.has_disable_eagle_block_drop),
                      ("disable_lookahead_block_hashes", sem.has_disable_lookahead_block_hashes)):
@@ -563,7 +579,7 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
         raise ConfigError(f"{file}: hardware.compute_capability", f"must be 'major.minor' like "
                           f"'9.0', got {cc!r}")
     engine = _engine(raw, file, model, hardware)
-    speculative = _speculative(raw, file, engine)
+    speculative = _speculative(raw, file, engine, model)
     workload = _workload(raw, file, path.parent if path else None)
     if (workload.acceptance_rate_mean is not None and speculative.enabled
             and speculative.acceptance != "trace"):
@@ -598,7 +614,7 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
         raw_d = {**raw, "engine": {**raw.get("engine", {}), **dict(overrides)}}
         try:
             e = _engine(raw_d, file, model, hw)
-            _speculative(raw_d, file, e)
+            _speculative(raw_d, file, e, model)
             _cost(raw_d, file, base, model, e, hw)
         except ConfigError as exc:
             inner = exc.where.removeprefix(f"{file}: ")

@@ -165,6 +165,12 @@ def derive_layout(model: ModelCfg, rules: LayoutRules, *, tp: int, kv_cache_dtyp
     state block either way, so kvsim gives that group the attention block.
     """
     attn_token = attention_page_bytes_per_token(model, kv_cache_dtype, tp)
+    if block_size is not None:
+        kernels = attention_kernel_blocks(model, capability)
+        if not any(block_size % k == 0 for k in kernels):
+            raise ConfigError("engine.block_size", f"{block_size} is not a multiple of the "
+                              f"attention kernel's block ({' or '.join(map(str, kernels))} on "
+                              "this GPU): vLLM finds no attention backend for it")
     block = block_size or preferred_block_size(model, capability)
     layers = model.layers
     mode: MambaCacheMode = "none"

@@ -19,7 +19,7 @@ import numpy as np
 from kvsim import __version__
 from kvsim.engine import Records, StepRecord
 from kvsim.scenario_text import resolved_toml
-from kvsim.schema import Scenario
+from kvsim.schema import SCHEMA, Scenario
 
 REQUEST_COLUMNS = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "cached_tokens",
                    "num_preemptions", "join_step", "first_scheduled_step", "first_token_step",
@@ -201,6 +201,7 @@ class Results:
         return {
             "method": sc.speculative.method,
             "num_speculative_tokens": sc.speculative.num_speculative_tokens,
+            "acceptance_model": acceptance_model(sc),
             "num_drafts": drafts,
             "num_accepted_tokens": accepted,
             "acceptance_rate": accepted / drafts if drafts else None,
@@ -308,6 +309,22 @@ def summary_json(summary: dict) -> str:
     return json.dumps(summary, indent=2) + "\n"
 
 
+def acceptance_model(sc: Scenario) -> str:
+    """How the run decided acceptances, in words (the default said so: it shapes every result)."""
+    s = sc.speculative
+    if s.acceptance == "fixed":
+        return f"fixed, {s.num_accepted} accepted per verify step"
+    if s.acceptance == "trace":
+        return "trace, each request's accepted list"
+    default = next(k.default for k in SCHEMA["speculative"] if k.name == "acceptance_rates")
+    rates = ", ".join(f"{r:g}" for r in s.acceptance_rates)
+    if len(s.acceptance_rates) == 1:
+        return (f"per_position, {rates} at every position"
+                + (" (kvsim's default: set speculative.acceptance_rates)"
+                   if s.acceptance_rates == default else ""))
+    return f"per_position, {rates} by position"
+
+
 def summary_table(summary: dict, out_dir: str | None = None) -> str:
     """A short human-readable table for the terminal."""
     s = summary
@@ -332,6 +349,7 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
                      f"{100 * sd['acceptance_rate']:.1f} % of drafts accepted, mean acceptance "
                      f"length {sd['mean_acceptance_length']:.2f}; drafter "
                      f"{sd['draft_time_s']:.3f} s of the run")
+        lines.append(f"{'':14}acceptance: {sd['acceptance_model']}")
     lines.append(f"{'':14}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}")
     for key, label, scale in (("ttft_s", "TTFT ms", 1e3), ("tpot_s", "TPOT ms", 1e3),
                               ("e2e_s", "E2E s", 1.0)):

@@ -119,3 +119,18 @@ def schema_markdown() -> str:
                            + ", ".join(f"`{k}`" for k in SHARED_ENGINE_KEYS) + ". |")
             out.append("")
     return "\n".join(out)
+
+
+def write_key_tables(doc: Path) -> None:
+    """Replace the key tables in ``doc`` (docs/scenario.md) with ``schema_markdown()``: from
+    its ``### [model]`` heading to the end of the last table."""
+    text = doc.read_text(encoding="utf-8")
+    start = text.index("### [model]")
+    end = text.index("\n\n## ", start) + 1
+    doc.write_text(text[:start] + schema_markdown() + text[end:], encoding="utf-8")
+
+
+if __name__ == "__main__":  # python -m kvsim.scenario_text docs/scenario.md
+    import sys
+
+    write_key_tables(Path(sys.argv[1]))

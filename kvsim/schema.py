@@ -86,8 +86,10 @@ MODEL_KEYS = (
         choices=get_args(AttentionType)),
     Key("kv_lora_rank", "int", 0, "MLA latent width.", low=0),
     Key("qk_rope_head_dim", "int", 0, "MLA rotary key width.", low=0),
-    Key("num_nextn_predict_layers", "int", 1, "MTP modules the checkpoint ships (more than one "
-        "makes `mtp` multi-module).", low=0),
+    Key("num_nextn_predict_layers", "int", 0, "MTP modules the checkpoint ships (DeepSeek's "
+        "`num_nextn_predict_layers`, Qwen's `mtp_num_hidden_layers`): `mtp` needs one (vLLM "
+        "refuses it otherwise), defaults its `num_speculative_tokens` to their number, and more "
+        "than one makes it multi-module.", low=0),
     Key("mtp_params", "int", 0, "Parameters of one MTP module's own weights: its decoder layer, "
         "input projection and norms (information; the cost model prices an MTP/EAGLE head as one "
         "average decoder layer).", low=0),
@@ -191,13 +193,15 @@ GROUP_KEYS = (
 SPECULATIVE_KEYS = (
     Key("method", "str", "none", "Speculative decoding method, as vLLM's `--speculative-config` "
         "`method`.", choices=SPEC_METHODS),
-    Key("num_speculative_tokens", "int", None, "Drafts per step, k (required with a method).", low=1),
+    Key("num_speculative_tokens", "int", None, "Drafts per step, k: required with a method, "
+        "except `mtp`, where vLLM's default is the model's MTP layers.", low=1),
     Key("acceptance", "str", "per_position", "Acceptance model: `per_position` (drafts accepted "
         "before the first rejection, position i accepted with probability `acceptance_rates[i]`, "
         "seeded per request), `fixed` (`num_accepted` per step), or `trace` (each request's "
         "`accepted` list from the trace, cycled).", choices=get_args(AcceptanceKind)),
     Key("acceptance_rates", "floats", (0.7,), "Per-position acceptance probability, given the "
-        "previous draft was accepted (the last repeats).", low=0, high=1),
+        "previous draft was accepted: one for every position, or one per draft "
+        "(`num_speculative_tokens` of them).", low=0, high=1),
     Key("num_accepted", "int", None, "Drafts accepted per verify step (acceptance = fixed).", low=0),
     Key("draft_model", "str", None, "Model preset of the draft model (method = draft_model); "
         "costs its forward passes. Default: the target model's preset."),

@@ -6,7 +6,7 @@ of ``[speculative]``) into the scheduler's and KV manager's view for the chosen 
 request and verify step, how many drafts are accepted:
 
 * ``per_position``: drafts are accepted in order until the first rejection; position i is
-  accepted with probability ``acceptance_rates[i]`` (the last rate repeats), from a random
+  accepted with probability ``acceptance_rates[i]`` (one rate: every position), from a random
   stream per request seeded by the run seed and the request's index, so a request's
   acceptances don't depend on what else runs;
 * ``fixed``: ``num_accepted`` every verify step (fewer when fewer drafts were scheduled);

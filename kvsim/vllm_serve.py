@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim import presets
-from kvsim.config import model_from_path, model_preset, parse_scenario
+from kvsim.config import parse_scenario
 from kvsim.errors import ConfigError
 from kvsim.scenario_text import toml_value
 
@@ -233,13 +233,7 @@ def init(argv: list[str], hardware: str, version: str) -> tuple[str, list[str]]:
     """(scenario TOML, flags read but not modelled); the scenario is checked by parsing it."""
     serve = parse_serve(argv, version)
     model = resolve_model(serve.model)
-    spec = serve.speculative
-    if "method" in spec and "num_speculative_tokens" not in spec and spec["method"][0] == "mtp":
-        # vLLM's SpeculativeConfig: MTP defaults to the checkpoint's MTP layers.
-        key, value, _ = model
-        m = model_preset(value) if key == "preset" else model_from_path(value)
-        spec["num_speculative_tokens"] = (m.num_nextn_predict_layers,
-                                          "vLLM's default for mtp: the checkpoint's MTP layers")
+    spec = serve.speculative  # mtp without num_speculative_tokens: the scenario's default
     command = shlex.join(["vllm", "serve", *_serve_words(argv)])
     text = scenario_text(serve, model, hardware, version, command)
     try:

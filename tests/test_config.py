@@ -140,7 +140,7 @@ def test_every_scenario_file_loads(monkeypatch, tmp_path):
 
 def test_docs_list_every_key():
     doc = (ROOT / "docs" / "scenario.md").read_text()
-    assert schema_markdown() in doc, "regenerate the key tables in docs/scenario.md"
+    assert schema_markdown() in doc, "python -m kvsim.scenario_text docs/scenario.md"
     assert all(f"`{k.name}`" in doc for keys in SCHEMA.values() for k in keys)
 
 
@@ -198,3 +198,32 @@ def test_batch_defaults_are_the_releases_own(version, memory_gib, name, cc, expe
                   engine={"vllm_version": version, "async_scheduling": False,
                           "num_gpu_blocks": 4096, "max_model_len": 4096})
     assert (sc.engine.max_num_batched_tokens, sc.engine.max_num_seqs) == expected
+
+
+@pytest.mark.parametrize("sections, where, what", [
+    # vLLM's SpeculativeConfig: mtp drafts with the checkpoint's own MTP layers.
+    ({"speculative": {"method": "mtp", "num_speculative_tokens": 1}}, "speculative.method",
+     "'mtp' needs a model with MTP layers; llama-3.1-8b has none"),
+    ({"speculative": {"method": "eagle3", "num_speculative_tokens": 3,
+                      "acceptance_rates": [0.8, 0.6]}}, "speculative.acceptance_rates",
+     "2 rates for 3 drafts"),
+    # FlashAttention's kernel takes multiples of 16 (flash_attn.py get_supported_kernel_block_sizes).
+    ({"engine": {"block_size": 17}}, "engine.block_size", "17 is not a multiple of the attention "
+     "kernel's block (16 on this GPU)"),
+    # B200's FLASHINFER_MLA takes 32 or 64: 16 is refused there (Hopper's FLASH_ATTN_MLA takes it).
+    ({"model": {"preset": "deepseek-v3"}, "hardware": {"preset": "h200", "compute_capability": "10.0"},
+      "engine": {"block_size": 16, "tensor_parallel_size": 8}}, "engine.block_size",
+     "16 is not a multiple of the attention kernel's block (32 or 64 on this GPU)"),
+])
+def test_what_vllm_refuses_is_refused(sections, where, what):
+    exc = error(**sections)
+    assert exc.where == f"scenario: {where}" and exc.what.startswith(what), exc
+
+
+def test_mtp_drafts_default_to_the_checkpoints_mtp_layers():
+    # DeepSeek-V3's config.json: num_nextn_predict_layers 1; Qwen3.5-27B's mtp_num_hidden_layers 1.
+    for preset in ("deepseek-v3", "qwen3.5-27b"):
+        sc = scenario(model={"preset": preset}, hardware={"preset": "h200"},
+                      engine={"tensor_parallel_size": 8}, speculative={"method": "mtp"})
+        assert sc.speculative.num_speculative_tokens == 1
+    assert scenario(engine={"block_size": 32}).engine.block_size == 32

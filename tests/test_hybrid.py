@@ -10,6 +10,9 @@ from kvsim.oracle.replay import drive
 from kvsim.request import Request, RequestSpec, SegmentTokens
 from tests.builders import run_until_done
 
+# Llama 3.2 1B as a checkpoint with one MTP layer, so that method "mtp" runs on it.
+LLAMA_MTP = {"preset": "llama-3.2-1b", "num_nextn_predict_layers": 1}
+
 # §13's layout: G0 full attention b = 128 (holds the MTP layer), G1 a full-type stand-in for
 # the compressed C128 group (b = 16384), G2 sliding window b = 128, w = 128. U = 16384.
 DSV4_GROUPS = [
@@ -28,7 +31,7 @@ def repeat_hit(L, groups, spec, version="0.33.0", num_gpu_blocks=4000, retention
               "max_num_batched_tokens": 65536, "max_num_seqs": 8, "kv_groups": groups}
     if retention is not None:
         engine["prefix_cache_retention_interval"] = retention
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": engine, "speculative": spec}
     s = build_scheduler(parse_scenario(raw))
     for i in range(2):  # A, then B repeating it after A finished
@@ -95,7 +98,7 @@ def test_h1_eagle_fixed_write_rule(L, no_spec, eagle_fixed):
     ({"kind": "full_attention", "block_size": 16, "eagel": True}, "did you mean 'eagle'"),
 ])
 def test_bad_groups_are_one_line_errors(group, what):
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": {"num_gpu_blocks": 10000, "max_model_len": 4096, "kv_groups": [group]}}
     with pytest.raises(ConfigError) as exc:
         parse_scenario(raw)
@@ -218,7 +221,7 @@ def test_mamba_retention(version, retention, expected):
     ({"prefix_cache_retention_interval": 0, "vllm_version": "0.22.1"}, "has no such setting"),
 ])
 def test_bad_retention_is_a_one_line_error(engine, what):
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": {"num_gpu_blocks": 10000, "max_model_len": 4096, **engine}}
     with pytest.raises(ConfigError) as exc:
         parse_scenario(raw)
@@ -228,7 +231,7 @@ def test_bad_retention_is_a_one_line_error(engine, what):
 
 def test_retention_default_per_release():
     def resolved(version):
-        raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+        raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
                "engine": {"vllm_version": version, "num_gpu_blocks": 10000, "max_model_len": 4096}}
         return parse_scenario(raw).engine.prefix_cache_retention_interval
     assert [resolved(v) for v in ("0.19.0", "0.22.1", "0.32.0", "0.33.0")] == ["dense", "dense", 0, 0]
@@ -285,7 +288,7 @@ def test_h3_mamba_hit_depends_on_how_a_was_chunked(chunks, no_spec, eagle):
 
 
 def mamba_chunks_and_hit(version, spec, budget=2048):
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": {"vllm_version": version, "num_gpu_blocks": 200, "max_model_len": 1024,
                       "max_num_batched_tokens": budget, "max_num_seqs": 8, "kv_groups": MAMBA_H3},
            "speculative": spec}
@@ -337,7 +340,7 @@ def test_h3_split_under_a_small_budget_keeps_every_block_state():
     ("0.22.1", MAMBA_H3, 32, "kv_groups", "exceeds the largest prefill chunk (32)"),
 ])
 def test_bad_mamba_layouts_are_one_line_errors(version, groups, budget, where, what):
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": {"vllm_version": version, "num_gpu_blocks": 1000, "max_model_len": 1024,
                       "max_num_batched_tokens": budget, "max_num_seqs": 8, "kv_groups": groups}}
     with pytest.raises(ConfigError) as exc:
@@ -399,7 +402,7 @@ def test_mamba_prefill_checkpoints_inside_a_chunk(alignment, budget, retention, 
 
 
 def test_mamba_prefill_checkpoints_need_032():
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "h200"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": {"vllm_version": "0.22.1", "num_gpu_blocks": 10000, "max_model_len": 4096,
                       "kv_groups": [{"kind": "full_attention", "block_size": 128},
                                     {"kind": "mamba", "block_size": 128,

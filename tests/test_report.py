@@ -29,7 +29,7 @@ max_num_seqs = 8
 [speculative]
 method = "eagle"
 num_speculative_tokens = 3
-acceptance_rates = [1.0, 0.0]
+acceptance_rates = [1.0, 0.0, 0.0]
 [workload]
 num_requests = 20
 request_rate = 40.0

@@ -9,9 +9,12 @@ from kvsim.engine import build_scheduler
 from kvsim.request import ExplicitTokens, Request, RequestSpec
 from tests.builders import run_until_done
 
+# Llama 3.2 1B as a checkpoint with one MTP layer, so that method "mtp" runs on it.
+LLAMA_MTP = {"preset": "llama-3.2-1b", "num_nextn_predict_layers": 1}
+
 
 def sched_for(method="eagle", k=2, block_size=16, version="0.33.0", **spec):
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "l40s"},
            "engine": {"vllm_version": version, "block_size": block_size, "num_gpu_blocks": 2000,
                       "max_model_len": 4096, "max_num_batched_tokens": 8192, "max_num_seqs": 64},
            "speculative": {"method": method, **({"num_speculative_tokens": k} if method != "none" else {}),
@@ -87,16 +90,16 @@ def test_eagle_worked_trace_of_section_1():
 
 
 def test_rejected_drafts_keep_their_blocks():
-    # b = 4, k = 3 (eagle: 3 lookahead slots). Prompt 4: step 0 slots 4 + 3 = 7 -> 2 blocks.
-    # Step 1 verifies 3 drafts (4 tokens), slots 4 + 4 + 3 = 11 -> 3 blocks; all rejected:
-    # computed back to 5, but the 3 blocks stay.
-    s = sched_for(method="eagle", k=3, block_size=4)
-    r = req("R", range(4), max_tokens=50)
+    # b = 16, k = 3 (eagle: 3 lookahead slots). Prompt 28: step 0 slots 28 + 3 = 31 -> 2
+    # blocks. Step 1 verifies 3 drafts (4 tokens), slots 28 + 4 + 3 = 35 -> 3 blocks; all
+    # rejected: computed back to 29, but the 3 blocks stay.
+    s = sched_for(method="eagle", k=3, block_size=16)
+    r = req("R", range(28), max_tokens=50)
     s.add_request(r)
     s.update_from_output(s.schedule(), lambda _r, n: 0)
     assert len(s.kv.block_ids("R")) == 2
     s.update_from_output(s.schedule(), lambda _r, n: 0)
-    assert (r.num_computed_tokens, r.num_tokens, len(s.kv.block_ids("R"))) == (5, 6, 3)
+    assert (r.num_computed_tokens, r.num_tokens, len(s.kv.block_ids("R"))) == (29, 30, 3)
     s.kv.check_invariants()
 
 
@@ -127,14 +130,14 @@ def test_max_tokens_trims_accepted_drafts():
 
 
 def test_acceptance_models():
-    sc = parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+    sc = parse_scenario({"model": LLAMA_MTP, "hardware": {"preset": "l40s"},
                          "speculative": {"method": "eagle", "num_speculative_tokens": 4,
                                          "acceptance": "fixed", "num_accepted": 3}})
     a = acceptance_for(sc)
     r = req("R", [1])
     assert (a(r, 4), a(r, 2)) == (3, 2)
     trace = acceptance_for(parse_scenario({
-        "model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+        "model": LLAMA_MTP, "hardware": {"preset": "l40s"},
         "speculative": {"method": "eagle", "num_speculative_tokens": 4, "acceptance": "trace"}}))
     t = req("T", [1], accepted=(2, 0, 4))
     got = []
@@ -142,19 +145,19 @@ def test_acceptance_models():
         got.append(trace(t, 4))
         t.num_verify_steps += 1
     assert got == [2, 0, 4, 2]
-    rates = parse_scenario({"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+    rates = parse_scenario({"model": LLAMA_MTP, "hardware": {"preset": "l40s"},
                             "speculative": {"method": "eagle", "num_speculative_tokens": 3,
-                                            "acceptance_rates": [0.9, 0.5]}, "run": {"seed": 5}})
+                                            "acceptance_rates": [0.9, 0.5, 0.5]}, "run": {"seed": 5}})
     pp = acceptance_for(rates)
     draws = [pp(req(f"p{i}", [1]), 3) for i in range(4000)]
-    # P(>=1) = 0.9, P(>=2) = 0.45, P(3) = 0.225 (last rate repeats): mean 1.575.
+    # P(>=1) = 0.9, P(>=2) = 0.45, P(3) = 0.225: mean 1.575.
     assert abs(sum(draws) / len(draws) - 1.575) < 0.05
     assert all(0 <= d <= 3 for d in draws)
 
 
 def test_spec_setup_by_method():
     def setup(method, k=3, **kw):
-        raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+        raw = {"model": LLAMA_MTP, "hardware": {"preset": "l40s"},
                "speculative": {"method": method, "num_speculative_tokens": k, **kw}}
         return spec_setup(parse_scenario(raw))
     e = setup("eagle")

@@ -245,8 +245,8 @@ def test_load_rejects_unknown_sweep_keys(tmp_path):
     ('scenario = "base.toml"\nrepeats = 2\n[grid]\nrun.seed = [1, 2]\n',
      "sweep.toml: repeats", "the sweep sets run.seed itself"),
     # The error is about a key the point leaves out: it names that key and the point.
-    ('scenario = "base.toml"\n[[points]]\nspeculative.method = "mtp"\n',
-     "base.toml: speculative.num_speculative_tokens", "(at the sweep point speculative.method=mtp)"),
+    ('scenario = "base.toml"\n[[points]]\nspeculative.method = "eagle3"\n',
+     "base.toml: speculative.num_speculative_tokens", "(at the sweep point speculative.method=eagle3)"),
 ])
 def test_conflicting_sweep_keys(tmp_path, text, where, what):
     with pytest.raises(ConfigError) as err:

@@ -12,6 +12,9 @@ from kvsim.workload import build_requests
 from kvsim.workload.jsonl import read_kvsim_jsonl
 from kvsim.workload.synthetic import process_arrivals, shared_prefix
 
+# Llama 3.2 1B as a checkpoint with one MTP layer, so that method "mtp" runs on it.
+LLAMA_MTP = {"preset": "llama-3.2-1b", "num_nextn_predict_layers": 1}
+
 
 def generate(gen, w, seed):
     rng = np.random.default_rng(seed)
@@ -73,7 +76,7 @@ def test_empty_trace_and_repeated_ids_are_errors(tmp_path):
 
 def test_prompt_of_max_model_len_is_rejected(tmp_path):
     p = write(tmp_path, [{"arrival_s": 0, "max_tokens": 1, "prompt_token_ids": list(range(64))}])
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "l40s"},
            "engine": {"max_model_len": 64, "num_gpu_blocks": 100},
            "workload": {"kind": "trace", "path": str(p)}}
     with pytest.raises(ConfigError, match="exceeds max_model_len 64"):
@@ -83,14 +86,14 @@ def test_prompt_of_max_model_len_is_rejected(tmp_path):
 def test_arrival_order_is_stable(tmp_path):
     p = write(tmp_path, [{"arrival_s": t, "max_tokens": 1, "prompt_token_ids": [i], "req_id": f"r{i}"}
                          for i, t in enumerate([1.0, 0.5, 1.0, 0.5])])
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "l40s"},
            "engine": {"max_model_len": 64, "num_gpu_blocks": 100},
            "workload": {"kind": "trace", "path": str(p)}}
     assert [s.req_id for s in build_requests(parse_scenario(raw))] == ["r1", "r3", "r0", "r2"]
 
 
 def test_shared_prefix_structure():
-    raw = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "l40s"},
            "workload": {"num_requests": 50, "system_prompt_tokens": 32, "num_users": 3,
                         "user_history_tokens": 16, "input_tokens": 8, "request_rate": 5.0}}
     w = parse_scenario(raw).workload
@@ -112,7 +115,7 @@ def test_shared_prefix_structure():
 
 # -- generators with shared structure ------------------------------------------------------
 
-SMALL = {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"}}
+SMALL = {"model": LLAMA_MTP, "hardware": {"preset": "l40s"}}
 
 
 def specs_of(workload, speculative=None, seed=0):
