@@ -145,12 +145,14 @@ def cmd_compare(args) -> int:
         raise ConfigError(str(path), f"cannot read the scenario: {exc}") from None
     path = path.resolve()
     if args.vary:
-        variants = compare.vary_variants(raw, args.vary)
+        variants, notes = compare.vary_variants(raw, path, args.vary)
     else:
-        variants = compare.default_variants(raw, path.name)
+        variants, notes = compare.default_variants(raw, path)
     results = compare.run_variants(raw, path, variants)
     rows = [compare.row(name, summary) for name, _, _, summary in results]
-    lines = compare.verdict(rows, default=not args.vary)
+    accept = {s["spec_decode"]["acceptance_model"] for *_, s in results if s["spec_decode"]}
+    notes += [f"Acceptance: {a}." for a in sorted(accept)]
+    lines = notes + compare.verdict(rows, default=not args.vary)
     out = Path(args.out) if args.out else _default_out(path.stem + "-compare")
     files = {"compare.csv": compare.csv_text(rows)}
     for name, sc, rec, summary in results:

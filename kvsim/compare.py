@@ -1,8 +1,11 @@
 """``kvsim compare``: a scenario's variants side by side, with a plain verdict.
 
 Without ``--vary`` the variants are the 2×2 of speculative decoding (the scenario's own
-``[speculative]`` method, or off) × prefix caching (on, off); with ``--vary section.key=v1,v2``
-(repeatable) they are the cartesian product of the given values. Each variant runs in full and
+``[speculative]`` method, or off) × prefix caching (on, off); a scenario without a method gets
+the drafter its model supports (``default_drafter``: its own MTP layers, else EAGLE-3 with 3
+drafts), and the comparison says so. With ``--vary section.key=v1,v2`` (repeatable) the variants
+are the cartesian product of the given values; a variant that turns a method on without
+``num_speculative_tokens`` gets it the same way. Each variant runs in full and
 keeps its own result folder; the comparison is written as ``compare.csv`` and ``compare.png``.
 """
 
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from kvsim import engine, metrics, overrides
 from kvsim.config import parse_scenario
-from kvsim.errors import ConfigError
+from kvsim.model import ModelCfg
 from kvsim.workload import build_requests
 
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
@@ -24,11 +27,35 @@ COLUMNS = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s",
            "mean_acceptance_length")
 
 
-def default_variants(raw: dict, file: str) -> list[tuple[str, dict]]:
+# EAGLE-3's drafts per step when a comparison chooses it for a model without MTP layers.
+EAGLE3_DRAFTS = 3
+
+
+def default_drafter(model: ModelCfg) -> tuple[dict, str]:
+    """The speculative decoding a model supports, as ``[speculative]`` keys, and why: its own
+    MTP layers (vLLM's ``mtp``, one draft per layer), else EAGLE-3 with 3 drafts."""
+    if model.num_nextn_predict_layers:
+        k = model.num_nextn_predict_layers
+        return ({"method": "mtp", "num_speculative_tokens": k},
+                f"mtp with {k} draft{'s' * (k > 1)} (the model's own MTP layers)")
+    return ({"method": "eagle3", "num_speculative_tokens": EAGLE3_DRAFTS},
+            f"eagle3 with {EAGLE3_DRAFTS} drafts (the model has no MTP layers)")
+
+
+def _model(raw: dict, path: Path) -> ModelCfg:
+    return parse_scenario(overrides.apply(raw, "speculative", "method", "none"), path).model
+
+
+def default_variants(raw: dict, path: Path) -> tuple[list[tuple[str, dict]], list[str]]:
+    """The 2×2 and a note on the drafter when kvsim chose it."""
+    notes = []
     method = raw.get("speculative", {}).get("method", "none")
     if method == "none":
-        raise ConfigError(f"{file}: speculative.method", "the default comparison (speculative "
-                          "decoding × prefix caching) needs a method in [speculative]; or give --vary")
+        keys, why = default_drafter(_model(raw, path))
+        for key, value in keys.items():
+            raw = overrides.apply(raw, "speculative", key, value)
+        method = keys["method"]
+        notes.append(f"No method in [speculative]: comparing {why}; set one, or give --vary.")
     out = []
     for spec_on, cache_on in ((False, False), (False, True), (True, False), (True, True)):
         v = overrides.apply(raw, "engine", "enable_prefix_caching", cache_on)
@@ -37,10 +64,11 @@ def default_variants(raw: dict, file: str) -> list[tuple[str, dict]]:
         name = {(False, False): "neither", (False, True): "prefix caching",
                 (True, False): f"{method}", (True, True): f"{method} + prefix caching"}[spec_on, cache_on]
         out.append((name, v))
-    return out
+    return out, notes
 
 
-def vary_variants(raw: dict, specs: list[str]) -> list[tuple[str, dict]]:
+def vary_variants(raw: dict, path: Path, specs: list[str]) -> tuple[list[tuple[str, dict]], list[str]]:
+    """The variants of ``--vary`` and notes on the drafts kvsim filled in."""
     axes = [overrides.parse(s) for s in specs]
     out = []
     for combo in itertools.product(*[[(sec, key, v) for v in vals] for sec, key, vals in axes]):
@@ -51,7 +79,17 @@ def vary_variants(raw: dict, specs: list[str]) -> list[tuple[str, dict]]:
         parts = [overrides.label(key, val) for (sec, key, val), (_, _, vals) in zip(combo, axes)
                  if len(vals) > 1]
         out.append((" ".join(parts) or "as given", v))
-    return out
+    notes: list[str] = []
+    for i, (name, v) in enumerate(out):
+        spec = v.get("speculative", {})
+        if spec.get("method", "none") != "none" and "num_speculative_tokens" not in spec:
+            keys, why = default_drafter(_model(v, path))
+            k = keys["num_speculative_tokens"] if spec["method"] == keys["method"] else EAGLE3_DRAFTS
+            out[i] = (name, overrides.apply(v, "speculative", "num_speculative_tokens", k))
+            note = f"num_speculative_tokens not given: {spec['method']} drafts {k} per step."
+            if note not in notes:
+                notes.append(note)
+    return out, notes
 
 
 def row(name: str, s: dict) -> dict:
@@ -95,9 +133,15 @@ def verdict(rows: list[dict], default: bool) -> list[str]:
             continue
         change = 100 * (both["e2e_mean_s"] / alone["e2e_mean_s"] - 1)
         word = "beats" if change < 0 else "does not beat"
-        lines.append(f"{both['variant']} {word} {alone['variant']} alone: mean E2E "
-                     f"{both['e2e_mean_s']:.3f} s vs {alone['e2e_mean_s']:.3f} s ({change:+.1f} %), "
-                     f"TTFT p50 {both['ttft_p50_ms']:.1f} vs {alone['ttft_p50_ms']:.1f} ms.")
+        line = (f"{both['variant']} {word} {alone['variant']} alone on mean E2E: "
+                f"{both['e2e_mean_s']:.3f} s vs {alone['e2e_mean_s']:.3f} s ({change:+.1f} %)")
+        if both["ttft_p50_ms"] is not None and alone["ttft_p50_ms"]:
+            ttft = 100 * (both["ttft_p50_ms"] / alone["ttft_p50_ms"] - 1)
+            # The other latency said too, and "but" where it moves the other way.
+            joint = "but" if (ttft > 0) == (change < 0) and abs(ttft) >= 1 else "and"
+            line += (f", {joint} TTFT p50 {both['ttft_p50_ms']:.1f} vs {alone['ttft_p50_ms']:.1f} ms "
+                     f"({ttft:+.1f} %)")
+        lines.append(line + ".")
     if cache["mean_cached_tokens"] and both["mean_cached_tokens"] is not None:
         lost = cache["mean_cached_tokens"] - both["mean_cached_tokens"]
         if lost > 0:

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from kvsim import overrides
+from kvsim import compare, overrides
 from kvsim.cli import main
 from kvsim.errors import ConfigError
 
@@ -60,7 +60,7 @@ def test_default_two_by_two(tmp_path, capsys):
     # Without prefix caching nothing is ever hit; with it the shared prefixes are.
     assert rows[0]["prefix_cache_hit_rate"] == "" and float(rows[1]["prefix_cache_hit_rate"]) > 0.5
     assert rows[0]["mean_acceptance_length"] == "" and float(rows[2]["mean_acceptance_length"]) > 1
-    assert "alone: mean E2E" in printed
+    assert "alone on mean E2E" in printed
     assert (out / "compare.png").stat().st_size > 0
     assert (out / "eagle_prefix_caching" / "requests.csv").exists()
 
@@ -83,7 +83,51 @@ def test_bad_variant_fails_before_running(tmp_path, capsys):
     assert err.startswith("kvsim: error: ") and "engine.block_size" in err and not out.exists()
 
 
-def test_default_needs_a_method(tmp_path, capsys):
-    (tmp_path / "s.toml").write_text(SCEN.replace('method = "eagle"', 'method = "none"'))
-    assert main(["compare", str(tmp_path / "s.toml"), "--out", str(tmp_path / "c")]) == 2
-    assert "speculative.method" in capsys.readouterr().err
+def _no_method(text: str) -> str:
+    return text.replace('method = "eagle"\nnum_speculative_tokens = 2\n', "")
+
+
+@pytest.mark.parametrize("model, variants, note", [
+    # No MTP layers (Llama): EAGLE-3 with 3 drafts. DeepSeek-V3's config.json ships one MTP layer.
+    ('preset = "llama-3.2-1b"', ["eagle3", "eagle3 + prefix caching"],
+     "comparing eagle3 with 3 drafts (the model has no MTP layers)"),
+    ('preset = "deepseek-v3"', ["mtp", "mtp + prefix caching"],
+     "comparing mtp with 1 draft (the model's own MTP layers)"),
+])
+def test_default_comparison_without_a_method_picks_what_the_model_supports(tmp_path, capsys, model,
+                                                                           variants, note):
+    text = _no_method(SCEN).replace('preset = "llama-3.2-1b"', model)
+    if "deepseek" in model:
+        text = text.replace('preset = "l40s"', 'preset = "h200"').replace(
+            "num_gpu_blocks = 400", "num_gpu_blocks = 400\ntensor_parallel_size = 8")
+    (tmp_path / "s.toml").write_text(text)
+    assert main(["compare", str(tmp_path / "s.toml"), "--out", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr().out
+    rows = list(csv.DictReader((tmp_path / "cmp" / "compare.csv").open()))
+    assert [r["variant"] for r in rows][2:] == variants
+    assert note in printed
+    assert "Acceptance: per_position, 0.7 at every position (kvsim's default" in printed
+
+
+def test_vary_fills_in_the_drafts(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(_no_method(SCEN))
+    assert main(["compare", str(tmp_path / "s.toml"), "--out", str(tmp_path / "cmp"),
+                 "--vary", "speculative.method=none,eagle3"]) == 0
+    assert "num_speculative_tokens not given: eagle3 drafts 3 per step." in capsys.readouterr().out
+    resolved = (tmp_path / "cmp" / "method=eagle3" / "scenario.resolved.toml").read_text()
+    assert "num_speculative_tokens = 3" in resolved
+
+
+def test_verdict_says_but_where_the_latencies_disagree():
+    rows = [compare.row(n, {"ttft_s": {"p50": t, "p99": t}, "tpot_s": None,
+                            "e2e_s": {"mean": e}, "throughput": {"requests_per_s": 1,
+                                                                 "output_tokens_per_s": 1},
+                            "prefix_cache_hit_rate": None, "cached_tokens_mean": 0,
+                            "num_preemptions": 0})
+            for n, t, e in (("neither", 0.05, 3.0), ("prefix caching", 0.02, 2.0),
+                            ("mtp", 0.04, 1.5), ("mtp + prefix caching", 0.025, 1.0))]
+    lines = compare.verdict(rows, default=True)
+    # vs prefix caching: E2E -50 %, TTFT p50 +25 %: "but". vs mtp: both lower: "and".
+    assert lines[0] == ("mtp + prefix caching beats prefix caching alone on mean E2E: 1.000 s vs "
+                        "2.000 s (-50.0 %), but TTFT p50 25.0 vs 20.0 ms (+25.0 %).")
+    assert ", and TTFT p50 25.0 vs 40.0 ms (-37.5 %)." in lines[1]
