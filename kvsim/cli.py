@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,10 +110,10 @@ def _run(args) -> int:
                 progress.close()
         summary = metrics.summarize(sc, rec)
         write_results(out, metrics.result_files(sc, rec, summary),
-                      extra=_figures if args.plots else None)
+                      extra=_figures if args.plots else None, replace=args.force)
     else:
         specs = iter_requests(sc)  # a trace is read (and checked) here, before any folder
-        with result_folder(out) as tmp:
+        with result_folder(out, args.force) as tmp:
             # requests.csv and steps.csv are written as the run goes: memory stays flat.
             with open(tmp / "requests.csv", "w", encoding="utf-8") as req_f, \
                     open(tmp / "steps.csv", "w", encoding="utf-8") as steps_f:
@@ -131,18 +134,12 @@ def _run(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    import tomllib
-
     from kvsim import compare, metrics
+    from kvsim.config import load_raw
     from kvsim.metrics import summary_json
 
     path = Path(args.scenario)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(str(path), "no such file") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(str(path), f"cannot read the scenario: {exc}") from None
+    raw = load_raw(path)
     path = path.resolve()
     if args.vary:
         variants, notes = compare.vary_variants(raw, path, args.vary)
@@ -166,7 +163,7 @@ def cmd_compare(args) -> int:
         if args.plots:
             _figures(tmp)
 
-    write_results(out, files, extra=extra)
+    write_results(out, files, extra=extra, replace=args.force)
     if not args.quiet:
         print(compare.table(rows))
         for line in lines:
@@ -258,7 +255,8 @@ def _validate_run(args) -> int:
         files["profile.json"] = json.dumps(res["profile"], indent=2) + "\n"
     if res.get("steps"):
         files["steps.jsonl"] = "".join(json.dumps(s) + "\n" for s in res["steps"])
-    write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp, f"{path.stem}: kvsim vs {title}"))
+    write_results(out, files, extra=lambda tmp: compare.plot(rows, tmp, f"{path.stem}: kvsim vs {title}"),
+                  replace=args.force)
     eng = summary["engine"]
     print(f"{path.name}: kvsim vs {title}: {summary['num_requests']} requests, "
           f"{eng['num_gpu_blocks']} KV blocks of {eng['block_size']} tokens")
@@ -288,7 +286,8 @@ def _validate_measured(args) -> int:
     out = Path(args.out) if args.out else _default_out(folder.resolve().name + "-validate")
     files = {"validate.csv": measured.rows_csv(rows),
              "summary.json": measured.summary_json(sc, table)}
-    write_results(out, files, extra=lambda tmp: measured.plot(rows, tmp / "validate.png"))
+    write_results(out, files, extra=lambda tmp: measured.plot(rows, tmp / "validate.png"),
+                  replace=args.force)
     e = sc.engine
     print(f"kvsim vs measured vLLM {e.vllm_version} run {folder.resolve().name}: {len(rows)} "
           f"requests; {sc.model.name} on {sc.hardware.name}, tp {e.tensor_parallel_size}, "
@@ -444,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>)")
     run.add_argument("--plots", action="store_true", help="also draw the figures (PNG and SVG) "
                      "into <out>/plots")
+    run.add_argument("--force", action="store_true", help="replace an earlier result at --out")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     run.set_defaults(func=cmd_run)
     cmp = sub.add_parser("compare", help="run a scenario's variants side by side")
@@ -454,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", help="result folder (default: a fresh kvsim-out/<scenario>-compare)")
     cmp.add_argument("--plots", action="store_true", help="also draw the per-variant figures "
                      "(PNG and SVG) into <out>/plots")
+    cmp.add_argument("--force", action="store_true", help="replace an earlier result at --out")
     cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     cmp.set_defaults(func=cmd_compare)
     swp = sub.add_parser("sweep", help="run a scenario at every point of a grid of overrides, in "
@@ -508,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "give up after this many seconds (default 900)")
     val.add_argument("--out", help="vllm-engine, vllm-server, measured: result folder (default: a "
                      "fresh kvsim-out/<scenario or run>-validate)")
+    val.add_argument("--force", action="store_true", help="replace an earlier result at --out")
     val.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     val.set_defaults(func=cmd_validate)
     cal = sub.add_parser("calibrate", help="benchmark a model shape (or import GPU profiles) and fit "
@@ -555,16 +557,44 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the process is, so that unfinished result folders are removed."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command, with the failures any of them can meet handled here: bad input
+    (ConfigError), a file or folder the OS refuses, a closed pipe (``kvsim presets | head``),
+    SIGINT and SIGTERM. Each is one line on stderr; nothing half-written is left."""
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return args.func(args)
     except ConfigError as exc:
         print(f"kvsim: error: {exc.where}: {exc.what}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away: say nothing more (Python's advice: point stdout at devnull
+        # so that the interpreter's own flush at exit does not fail again).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # a file or folder given on the command line or in a scenario
+        name = exc.filename if exc.filename is not None else "kvsim"
+        print(f"kvsim: error: {name}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("kvsim: terminated", file=sys.stderr)
+        return 143
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from kvsim.schema import (
     DEPLOYMENT_REPLICAS,
     ENGINE_KEYS,
     GROUP_KEYS,
+    MAX_GPU_BLOCKS,
     MODEL_KEYS,
     REQUIRED,
     RETENTION,
@@ -120,6 +121,11 @@ def _check_deployments(where: str, value: Any) -> tuple:
     return tuple(out)
 
 
+def _num(bound: float) -> str:
+    """A bound as a reader wants it: 4,194,304, not 4.1943e+06; 0.5 as 0.5."""
+    return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
+
+
 def _check_value(where: str, key: Key, value: Any) -> Any:
     t = key.type
     if t == "groups":
@@ -164,10 +170,10 @@ def _check_value(where: str, key: Key, value: Any) -> Any:
         if math.isnan(value):
             raise ConfigError(where, "must be a number, got nan")
     if key.low is not None and (value < key.low or (key.low_open and value == key.low)):
-        bound = f"greater than {key.low:g}" if key.low_open else f"at least {key.low:g}"
+        bound = f"greater than {_num(key.low)}" if key.low_open else f"at least {_num(key.low)}"
         raise ConfigError(where, f"must be {bound}, got {value!r}")
     if key.high is not None and value > key.high:
-        raise ConfigError(where, f"must be at most {key.high:g}, got {value!r}")
+        raise ConfigError(where, f"must be at most {_num(key.high)}, got {value!r}")
     return value
 
 
@@ -363,6 +369,10 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                                   f"{avail / GiB:.1f} GiB; raise tensor_parallel_size or "
                                   "gpu_memory_utilization, or set num_gpu_blocks")
         e["num_gpu_blocks"] = int(avail // block_bytes)
+        if e["num_gpu_blocks"] > MAX_GPU_BLOCKS:
+            raise ConfigError(f"{where}.num_gpu_blocks", f"{avail / GiB:.1f} GiB of KV cache makes "
+                              f"{e['num_gpu_blocks']:,} blocks of {block_bytes:,} bytes, more than "
+                              f"kvsim holds ({MAX_GPU_BLOCKS:,}); set num_gpu_blocks")
     usable = e["num_gpu_blocks"] - 1
     if groups:
         # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.
@@ -630,8 +640,9 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(load_raw(path), Path(path).resolve())
 
 
-def load_raw(path: str | Path) -> dict:
-    """A scenario file's table, unvalidated. Raises ConfigError (missing file, bad TOML)."""
+def load_raw(path: str | Path, what: str = "scenario file") -> dict:
+    """A TOML file's table (a ``what``), unvalidated; every way of failing to read one is a
+    ConfigError (missing, a folder, not text, not TOML, unreadable)."""
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -639,9 +650,11 @@ def load_raw(path: str | Path) -> dict:
     except FileNotFoundError:
         raise ConfigError(str(p), "no such file") from None
     except IsADirectoryError:
-        raise ConfigError(str(p), "is a directory, not a scenario file") from None
+        raise ConfigError(str(p), f"is a directory, not a {what}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(p), f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(p), f"not a text file (not UTF-8 at byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(str(p), exc.strerror or str(exc)) from None
     return raw

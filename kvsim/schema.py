@@ -21,6 +21,11 @@ from kvsim.sched import SCHEDULING_POLICIES, SchedulingPolicy
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
 from kvsim.specdec import SPEC_METHODS, AcceptanceKind, Drafting, SpecMethod
 
+# Sizes kvsim builds in memory, bounded before anything is built: blocks of the pool (each an
+# object: about 0.7 GB at the bound; a real pool is far smaller, 10^4 to 10^6 blocks) and
+# generated requests (or rag documents).
+MAX_GPU_BLOCKS = 1 << 22
+MAX_REQUESTS = 2_000_000
 WorkloadKind = Literal["trace", "synthetic"]
 TraceFormat = Literal["kvsim", "mooncake", "azure"]
 GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_lengths"]
@@ -125,7 +130,8 @@ ENGINE_KEYS = (
         "group block sizes.", low=1, derived=True),
     Key("num_gpu_blocks", "int", None,
         "The whole block pool, vLLM's reserved null block included (as `--num-gpu-blocks-override` "
-        "means it). Left out: derived from memory like vLLM (see below).", low=2, derived=True),
+        "means it). Left out: derived from memory like vLLM (see below). kvsim holds every block: "
+        f"at most {MAX_GPU_BLOCKS:,}.", low=2, high=MAX_GPU_BLOCKS, derived=True),
     Key("gpu_memory_utilization", "float", None,
         "Fraction of device memory vLLM may use (default per version: 0.92 for 0.33).",
         low=0, low_open=True, high=1, derived=True),
@@ -242,7 +248,8 @@ WORKLOAD_KEYS = (
         choices=get_args(ArrivalProcess)),
     Key("arrival_cv", "float", 2.0, "Coefficient of variation of gamma inter-arrival times (1: "
         "Poisson; above 1: bursty).", low=0, low_open=True),
-    Key("num_requests", "int", 100, "Requests to generate.", low=1),
+    Key("num_requests", "int", 100, f"Requests to generate (at most {MAX_REQUESTS:,}: they are "
+        "made in memory).", low=1, high=MAX_REQUESTS),
     Key("request_rate", "float", 10.0, "Mean arrival rate, per second, of requests or of "
         "conversations / sessions (`inf`: all at t = 0).", low=0, low_open=True),
     Key("system_prompt_tokens", "int", 512, "Prefix shared by every request.", low=0),
@@ -260,7 +267,8 @@ WORKLOAD_KEYS = (
         "arrival to the next (reading and typing, or the tool call).", low=0),
     Key("context_tokens", "int", 8192, "agent: per-session context after the system prompt (task, "
         "files), shared by that session's steps only.", low=0),
-    Key("num_documents", "int", 1000, "rag: documents in the pool.", low=1),
+    Key("num_documents", "int", 1000, f"rag: documents in the pool (at most {MAX_REQUESTS:,}).",
+        low=1, high=MAX_REQUESTS),
     Key("documents_per_request", "int", 4, "rag: documents in each prompt (distinct).", low=1),
     Key("document_tokens", "int", 1024, "rag: tokens per document.", low=1),
     Key("zipf_s", "float", 1.0, "rag: document popularity exponent: the document of rank r is "

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim import compare, overrides
-from kvsim.config import parse_scenario
+from kvsim.config import load_raw, parse_scenario
 from kvsim.errors import ConfigError
-from kvsim.results import write_file, write_results
+from kvsim.results import is_partial, write_file, write_results
 from kvsim.scenario_text import resolved_toml
 from kvsim.schema import SCHEMA
 
@@ -53,17 +53,6 @@ class Sweep:
 
 
 # -- reading and validating --------------------------------------------------------------
-
-
-def _read_toml(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(str(path), "no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(str(path), "is a directory, not a sweep or scenario file") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(str(path), f"cannot read it: {exc}") from None
 
 
 def _flat(table, where: str) -> dict:
@@ -128,7 +117,7 @@ def _source(path: Path, data: dict, grid_args: Sequence[str]) -> tuple[dict, Pat
         base, base_path = data["scenario"], path
         if isinstance(base, str):
             base_path = (path.parent / base).resolve()
-            base = _read_toml(base_path)
+            base = load_raw(base_path)
         elif not isinstance(base, dict):
             raise ConfigError(f"{file}: scenario",
                               "give a scenario file's path or an inline [scenario] table")
@@ -149,7 +138,7 @@ def load(path: Path, grid_args: Sequence[str] = (), repeats: int | None = None) 
 
     Raises ConfigError naming the key (unknown key, empty value list, wrong type, ...).
     """
-    data = _read_toml(path)
+    data = load_raw(path, "sweep or scenario file")
     file = path.name
     base, base_path, grid, explicit = _source(path, data, grid_args)
     origin = {key: f"{file}: grid.{key}" for key in grid}  # where each key was set, for errors
@@ -301,8 +290,9 @@ def run(sweep: Sweep, out: Path, backend: str = "local", workers: int | None = N
         raise ConfigError(str(out), "exists and is not a kvsim sweep folder; choose another --out")
     (out / "points").mkdir(parents=True, exist_ok=True)
     (out / "sweep.csv").unlink(missing_ok=True)
-    for partial in (out / "points").glob(".*.partial-*"):  # left by a killed sweep
-        shutil.rmtree(partial, ignore_errors=True)
+    for partial in (out / "points").iterdir():  # left by a killed sweep
+        if is_partial(partial):
+            shutil.rmtree(partial, ignore_errors=True)
     write_file(out / "sweep.json", json.dumps({
         "keys": list(sweep.keys),
         "points": [{"name": p.name, "overrides": p.overrides} for p in sweep.points],
@@ -319,7 +309,7 @@ def run(sweep: Sweep, out: Path, backend: str = "local", workers: int | None = N
                 if status == "error":
                     where, what = value
                     raise ConfigError(where, f"{what} (at the sweep point {todo[i].name})")
-                write_results(out / "points" / todo[i].name, value)
+                write_results(out / "points" / todo[i].name, value, replace=True)
                 done += 1
                 if progress:
                     progress(bar(done, len(sweep.points), skipped, time.monotonic() - start))

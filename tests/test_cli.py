@@ -108,7 +108,7 @@ def test_refuses_to_overwrite_a_non_result_folder(tmp_path, capsys):
 def test_console_script_prints_summary_without_traceback(tmp_path):
     out = run_small(tmp_path)  # warm nothing; just make sure the module path works too
     proc = subprocess.run([sys.executable, "-m", "kvsim.cli", "run", str(tmp_path / "s.toml"),
-                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+                           "--out", str(out), "--force"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "prefix cache" in proc.stdout and "TTFT" in proc.stdout
     bad = tmp_path / "bad.jsonl"
@@ -120,3 +120,88 @@ def test_console_script_prints_summary_without_traceback(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"kvsim: error: {bad}:2: max_tokens must be an integer >= 1, got None"
     assert not (tmp_path / "kvsim-out").exists()
+
+
+def _kvsim(*args, cwd=ROOT, **kw):
+    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, **kw)
+
+
+def _one_error_line(proc, where: str, what: str) -> None:
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(f"kvsim: error: {where}") and what in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "compare", "sweep"])
+def test_a_binary_scenario_is_one_line(tmp_path, command):
+    (tmp_path / "bin.toml").write_bytes(bytes(range(256)) * 4)
+    proc = _kvsim(command, str(tmp_path / "bin.toml"), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "UTF-8" in proc.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("section, key, value, what", [
+    ("workload", "num_requests", 2**63 - 1, "must be at most 2,000,000"),
+    ("engine", "num_gpu_blocks", 10**12, "must be at most 4,194,304"),
+    # A pool derived from memory is bounded too: 100 TB of KV cache.
+    ("engine", "kv_cache_memory_bytes", 10**14, "more than kvsim holds (4,194,304)"),
+])
+def test_sizes_are_bounded_before_anything_is_built(tmp_path, section, key, value, what):
+    raw = SMALL.replace("num_gpu_blocks = 200\n", "")
+    raw = raw.replace(f"[{section}]\n", f"[{section}]\n{key} = {value}\n")
+    raw = raw.replace("num_requests = 60\n", "") if key == "num_requests" else raw
+    (tmp_path / "s.toml").write_text(raw)
+    proc = _kvsim("run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "o"), timeout=60)
+    where = "s.toml: engine.num_gpu_blocks" if key != "num_requests" else f"s.toml: workload.{key}"
+    _one_error_line(proc, where, what)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_closed_pipe_is_no_traceback():
+    for args in (["presets"], ["traces"]):
+        proc = subprocess.run(f"{sys.executable} -m kvsim.cli {' '.join(args)} | head -1",
+                              shell=True, capture_output=True, text=True, cwd=ROOT)
+        assert proc.stdout.count("\n") == 1 and proc.stderr == "", proc.stderr
+
+
+def test_out_on_an_earlier_result_needs_force(tmp_path):
+    out = run_small(tmp_path)
+    before = (out / "summary.json").read_text()
+    proc = _kvsim("run", str(tmp_path / "s.toml"), "--out", str(out))
+    _one_error_line(proc, str(out), "holds an earlier kvsim result; give --force to replace it")
+    assert (out / "summary.json").read_text() == before
+    assert _kvsim("run", str(tmp_path / "s.toml"), "--out", str(out), "--force", "-q").returncode == 0
+    # A sweep's folder, and a file where a folder should be, are named as what they are.
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "sweep.json").write_text("{}")
+    _one_error_line(_kvsim("run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "sw")),
+                    str(tmp_path / "sw"), "holds a kvsim sweep")
+    (tmp_path / "file.txt").write_text("x")
+    _one_error_line(_kvsim("compare", str(tmp_path / "s.toml"), "--out", str(tmp_path / "file.txt" / "sub")),
+                    str(tmp_path / "file.txt" / "sub"), f"{tmp_path / 'file.txt'} is a file, not a folder")
+
+
+def test_an_unwritable_sweep_folder_is_one_line(tmp_path):
+    (tmp_path / "s.toml").write_text(SMALL)
+    proc = _kvsim("sweep", str(tmp_path / "s.toml"), "--grid", "engine.max_num_seqs=8,16", "-q",
+                  "--out", "/proc/kvsim-cannot-write-here")
+    _one_error_line(proc, "/proc/kvsim-cannot-write-here", "")
+
+
+def test_sigterm_leaves_no_folder(tmp_path):
+    import signal
+    import time
+
+    (tmp_path / "s.toml").write_text(SMALL.replace("num_requests = 60", "num_requests = 200000"))
+    proc = subprocess.Popen([sys.executable, "-m", "kvsim.cli", "run", str(tmp_path / "s.toml"),
+                             "--out", str(tmp_path / "o"), "-q"], cwd=ROOT, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not any(tmp_path.glob("o.partial-*")):  # the run is writing its folder
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert proc.stderr.read().strip() == "kvsim: terminated"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]

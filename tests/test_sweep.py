@@ -15,6 +15,7 @@ import pytest
 from kvsim import sweep
 from kvsim.cli import main
 from kvsim.errors import ConfigError
+from kvsim.results import is_partial
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,8 +165,8 @@ def test_kill_and_restart_skips_finished_points(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(_sweep_cmd(path, out, "--workers", "1", "-q"), env=env, start_new_session=True)
 
-    def finished_points():  # not the hidden .NAME.partial-* folder of a point being written
-        return [p for p in (out / "points").glob("*/summary.json") if not p.parent.name.startswith(".")]
+    def finished_points():  # not the NAME.partial-* folder of a point being written
+        return [p for p in (out / "points").glob("*/summary.json") if not is_partial(p.parent)]
     try:
         deadline = time.monotonic() + 60
         while len(finished_points()) < 3:
