@@ -237,9 +237,6 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
             index = None
             if executed:
                 index, step = step, step + 1
-                for c in plan.scheduled:
-                    if c.req.first_scheduled_step is None:
-                        c.req.first_scheduled_step = index
             queue.appendleft((plan, index))
             if len(queue) < queue_size and (executed or (
                     sched.num_unfinished and not sched.sem.batch_queue_fill_requires_execution)):
@@ -254,6 +251,9 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         start = env.now
         duration = draft = 0.0
         if index is not None:
+            for c in plan.scheduled:
+                if c.req.first_scheduled_step is None:  # its queue time ends as this step starts
+                    c.req.first_scheduled_step, c.req.first_scheduled_s = index, start
             chunks = [(c.num_new_tokens, c.num_computed_before) for c in plan.scheduled]
             num_sampled = sum(c.samples for c in plan.scheduled)
             if plan.num_lazy:  # (lazy decode runs without speculative decoding: no drafter)

@@ -23,7 +23,7 @@ from kvsim.schema import SCHEMA, Scenario
 
 REQUEST_COLUMNS = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "cached_tokens",
                    "num_preemptions", "join_step", "first_scheduled_step", "first_token_step",
-                   "finish_step", "ttft_s", "tpot_s", "e2e_s")
+                   "finish_step", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s")
 
 
 def _fmt(v) -> str:
@@ -34,36 +34,29 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _request_values(r) -> list:
+    """A request's row of requests.csv, in ``REQUEST_COLUMNS`` order: queue time (arrival to
+    its first step's start) and prefill time (to its first token) add up to its TTFT."""
+    def since(t: float | None, t0: float | None) -> float | None:
+        return None if t is None or t0 is None else t - t0
+    tpot = None
+    if r.finish_s is not None and r.first_token_s is not None and r.num_output_tokens > 1:
+        tpot = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
+    return [r.req_id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens, r.cached_tokens,
+            r.num_preemptions, r.join_step, r.first_scheduled_step, r.first_token_step,
+            r.finish_step, since(r.first_token_s, r.arrival_s), tpot,
+            since(r.finish_s, r.arrival_s), since(r.first_scheduled_s, r.arrival_s),
+            since(r.first_token_s, r.first_scheduled_s)]
+
+
 def request_rows(rec: Records) -> list[dict]:
     """One dict per request (a cluster run adds its ``replica``)."""
     rows = []
     for r in rec.requests:
-        ttft = None if r.first_token_s is None else r.first_token_s - r.arrival_s
-        e2e = None if r.finish_s is None else r.finish_s - r.arrival_s
-        tpot = None
-        if r.finish_s is not None and r.first_token_s is not None and r.num_output_tokens > 1:
-            tpot = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
-        rows.append({
-            "req_id": r.req_id, "arrival_s": r.arrival_s, "prompt_tokens": r.num_prompt_tokens,
-            "output_tokens": r.num_output_tokens, "cached_tokens": r.cached_tokens,
-            "num_preemptions": r.num_preemptions, "join_step": r.join_step,
-            "first_scheduled_step": r.first_scheduled_step, "first_token_step": r.first_token_step,
-            "finish_step": r.finish_step, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
-        })
+        rows.append(dict(zip(REQUEST_COLUMNS, _request_values(r))))
         if rec.replicas is not None:
             rows[-1]["replica"] = r.replica
     return rows
-
-
-def _request_row(r) -> list:
-    ttft = None if r.first_token_s is None else r.first_token_s - r.arrival_s
-    e2e = None if r.finish_s is None else r.finish_s - r.arrival_s
-    tpot = None
-    if r.finish_s is not None and r.num_output_tokens > 1:
-        tpot = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
-    return [r.req_id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens, r.cached_tokens,
-            r.num_preemptions, r.join_step, r.first_scheduled_step, r.first_token_step,
-            r.finish_step, ttft, tpot, e2e]
 
 
 STEP_COLUMNS = tuple(f.name for f in fields(StepRecord))
@@ -127,7 +120,7 @@ class Results:
 
     def write_request(self, r) -> None:
         """Write ``r``'s row now and count it."""
-        row = _request_row(r)
+        row = _request_values(r)
         self._req.writerow([_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else []))
         self.num_requests += 1
         ttft, tpot, e2e = row[-3:]

@@ -138,7 +138,7 @@ class Request:
         "accepted_trace", "group_keys", "num_output_placeholders", "num_in_flight_tokens",
         "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
-        "first_token_s", "finish_s", "session_id", "replica",
+        "first_scheduled_s", "first_token_s", "finish_s", "session_id", "replica",
         "rank", "lz_sched", "lz_upd", "lz_in",
     )
 
@@ -177,6 +177,7 @@ class Request:
         self.first_scheduled_step: int | None = None
         self.first_token_step: int | None = None
         self.finish_step: int | None = None
+        self.first_scheduled_s: float | None = None  # when its first step started
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
         self.session_id = spec.session_id

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kvsim import engine
+from kvsim import engine, metrics
 from kvsim.assemble import cost_inputs
 from kvsim.config import parse_scenario
 from kvsim.cost import RooflineCost
@@ -87,3 +87,24 @@ def test_limits_stop_the_run(tmp_path):
     rec = engine.run(raw_limited, build_requests(raw_limited))
     assert len(rec.steps) == 10 and rec.stopped_by == "max_steps"
     assert rec.requests[0].finish_step is None
+
+
+def test_queue_and_prefill_time_add_up_to_ttft(tmp_path):
+    # A (32 tokens) arrives at 0 and prefills in step 0 (d0); B (40 tokens) arrives at d0 / 2,
+    # waits for step 1 to start at d0 (queue d0 / 2), prefills in it (d1): TTFT d0 / 2 + d1.
+    probe = scenario(tmp_path, [{"arrival_s": 0, "max_tokens": 1, "prompt_token_ids": [1]}])
+    c = cost_of(probe)
+    d0 = c.step_time_s([(32, 0)], 1)
+    d1 = c.step_time_s([(1, 32), (40, 0)], 2)
+    sc = scenario(tmp_path, [
+        {"arrival_s": 0.0, "max_tokens": 3, "prompt_token_ids": list(range(32)), "req_id": "A"},
+        {"arrival_s": d0 / 2, "max_tokens": 3, "prompt_token_ids": list(range(100, 140)),
+         "req_id": "B"}])
+    rec = engine.run(sc, build_requests(sc), check_invariants=True)
+    rows = {r["req_id"]: r for r in metrics.request_rows(rec)}
+    assert (rows["A"]["queue_s"], rows["A"]["prefill_s"]) == (0.0, pytest.approx(d0, rel=1e-12))
+    assert rows["B"]["queue_s"] == pytest.approx(d0 / 2, rel=1e-12)
+    assert rows["B"]["prefill_s"] == pytest.approx(d1, rel=1e-12)
+    for r in rows.values():
+        assert r["queue_s"] + r["prefill_s"] == pytest.approx(r["ttft_s"], rel=1e-12)
+    assert metrics.requests_csv(rec).splitlines()[0].endswith(",e2e_s,queue_s,prefill_s")

@@ -223,11 +223,11 @@ def test_window_speedup_sample_and_limit(tmp_path):
     w = {"format": "mooncake", "path": str(p)}
     assert arrivals(scenario(w)) == [float(t) for t in range(10)]
     win = scenario({**w, "window_start_s": 3, "window_end_s": 7, "speedup": 2.0})
-    assert ids(win) == ["3", "4", "5", "6"] and arrivals(win) == [0.0, 0.5, 1.0, 1.5]
-    assert ids(scenario(w, run={"max_requests": 3})) == ["0", "1", "2"]
+    assert ids(win) == ["mc3", "mc4", "mc5", "mc6"] and arrivals(win) == [0.0, 0.5, 1.0, 1.5]
+    assert ids(scenario(w, run={"max_requests": 3})) == ["mc0", "mc1", "mc2"]
     half = scenario({**w, "sample_fraction": 0.5}, run={"seed": 3})
     picked = ids(half)
-    assert len(picked) == 5 and picked == sorted(picked, key=int)
+    assert len(picked) == 5 and picked == sorted(picked, key=lambda i: int(i.removeprefix("mc")))
     assert ids(scenario({**w, "sample_fraction": 0.5}, run={"seed": 3})) == picked
     others = {tuple(ids(scenario({**w, "sample_fraction": 0.5}, run={"seed": s}))) for s in range(8)}
     assert len(others) > 1

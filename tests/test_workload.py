@@ -43,7 +43,7 @@ def test_reads_ids_segments_and_defaults(tmp_path):
         {"arrival_s": 0, "max_tokens": 2, "prompt_segments": [[10, 5]], "req_id": "x", "priority": 2},
     ])
     a, b = read_kvsim_jsonl(p)
-    assert (a.req_id, a.arrival_s, a.max_tokens, a.prompt.window(0, 3)) == ("0", 0.5, 4, (1, 2, 3))
+    assert (a.req_id, a.arrival_s, a.max_tokens, a.prompt.window(0, 3)) == ("r0", 0.5, 4, (1, 2, 3))
     assert (b.req_id, b.priority, b.prompt.window(0, 5)) == ("x", 2, (10, 11, 12, 13, 14))
 
 

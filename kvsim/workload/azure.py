@@ -77,7 +77,7 @@ def read_azure(path: Path) -> list[RequestSpec]:
                     t0 = t
                 if t < t0:
                     raise ConfigError(where, "TIMESTAMP is earlier than the first row's")
-                specs.append(RequestSpec(req_id=str(len(specs)), arrival_s=(t - t0) / 1e9,
+                specs.append(RequestSpec(req_id=f"az{len(specs)}", arrival_s=(t - t0) / 1e9,
                                          prompt=SegmentTokens([(next_id, n_in)]), max_tokens=n_out))
                 next_id += n_in
     except OSError as exc:

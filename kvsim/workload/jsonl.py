@@ -46,7 +46,7 @@ def _parse_line(obj, where: str, index: int) -> RequestSpec:
     priority = obj.get("priority", 0)
     if not _int(priority):
         raise ConfigError(where, f"priority must be an integer, got {priority!r}")
-    req_id = obj.get("req_id", str(index))
+    req_id = obj.get("req_id", f"r{index}")
     if isinstance(req_id, bool) or not isinstance(req_id, str | int):
         raise ConfigError(where, f"req_id must be a string or an integer, got {req_id!r}")
     session = obj.get("session_id")

@@ -64,7 +64,7 @@ def _parse(obj, where: str, index: int) -> RequestSpec:
         more = "more" if len(ids) > need else "fewer"
         raise ConfigError(where, f"{len(ids)} hash_ids for input_length {n_in}: {more} than the "
                           f"{need} blocks of {HASH_BLOCK} tokens it needs")
-    return RequestSpec(req_id=str(index), arrival_s=ts / 1000.0,
+    return RequestSpec(req_id=f"mc{index}", arrival_s=ts / 1000.0,
                        prompt=mooncake_prompt(ids, n_in), max_tokens=n_out)
 
 

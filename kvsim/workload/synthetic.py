@@ -165,7 +165,7 @@ def trace_lengths(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals,
 
     def specs() -> Iterator[RequestSpec]:
         for i in range(n):
-            yield RequestSpec(req_id=str(i), arrival_s=float(times[i]),
+            yield RequestSpec(req_id=f"t{i}", arrival_s=float(times[i]),
                               prompt=SegmentTokens([(int(starts[i]), int(rows[i, 0]))]),
                               max_tokens=int(rows[i, 1]))
 
