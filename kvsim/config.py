@@ -34,6 +34,7 @@ from kvsim.schema import (
     RETENTION,
     SCHEMA,
     SHARED_ENGINE_KEYS,
+    VLLM_NAMES,
     ClusterCfg,
     CostCfg,
     EngineCfg,
@@ -49,8 +50,27 @@ from kvsim.specdec import EAGLE_METHODS, num_prefill_lookahead
 
 
 def _suggest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    """' (did you mean ...?)' for the known name ``name`` most likely meant: the same but for
+    case, the one it begins or is the beginning of (``h100`` -> ``h100-sxm``), else the
+    closest spelling; '' when none is close."""
+    lower = {k.lower(): k for k in known}
+    n = name.lower()
+    if n in lower:
+        return f" (did you mean '{lower[n]}'?)"
+    stems = [k for low, k in lower.items() if len(n) >= 3 and (low.startswith(n) or n.startswith(low))]
+    close = stems if len(stems) == 1 else difflib.get_close_matches(n, list(lower), n=1)
+    if close:
+        return f" (did you mean '{lower.get(close[0], close[0])}'?)"
+    return ""
+
+
+def _unknown_key(where: str, section: str, name: str, keys) -> ConfigError:
+    """The error for a key ``section`` has no such name: vLLM's own name for something kvsim
+    takes elsewhere (or does not model) is said so, rather than a look-alike key."""
+    said = VLLM_NAMES.get((section, name))
+    if said is not None:
+        return ConfigError(where, f"not a kvsim key: {said}")
+    return ConfigError(where, f"unknown key{_suggest(name, list(keys))}")
 
 
 def _tables(where: str, value: Any, section: str) -> list[dict]:
@@ -185,8 +205,7 @@ def _section(raw: dict, section: str, file: str) -> dict[str, Any]:
     keys = {k.name: k for k in SCHEMA[section]}
     for name in table:
         if name not in keys:
-            raise ConfigError(f"{file}: {section}.{name}",
-                              f"unknown key{_suggest(name, list(keys))}")
+            raise _unknown_key(f"{file}: {section}.{name}", section, name, keys)
     merged: dict[str, Any] = {}
     preset_name = table.get("preset")
     if preset_name is not None:
@@ -249,7 +268,7 @@ def _model(raw: dict, file: str, base: Path | None) -> ModelCfg:
     keys = {k.name: k for k in MODEL_KEYS}
     for name in table:
         if name not in keys:
-            raise ConfigError(f"{where}.{name}", f"unknown key{_suggest(name, list(keys))}")
+            raise _unknown_key(f"{where}.{name}", "model", name, keys)
     if "preset" in table:
         name = _check_value(f"{where}.preset", keys["preset"], table["preset"])
         model = model_preset(name, f"{where}.preset")

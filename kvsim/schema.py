@@ -330,6 +330,21 @@ CLUSTER_KEYS = (
         "`[[cluster.deployment]]` tables (keys below), replicas numbered in table order."),
 )
 
+# vLLM's names for what kvsim takes under another key, or does not model: an unknown key with
+# one of these names is answered with this, not with a look-alike key's name.
+VLLM_NAMES: dict[tuple[str, str], str] = {
+    ("engine", "data_parallel_size"): "vLLM's data parallel (one API server over several "
+    "engines) is not modelled yet; independent engines behind a router are [cluster] replicas",
+    ("engine", "pipeline_parallel_size"): "pipeline parallelism is not modelled",
+    ("engine", "model"): "the model is [model] preset (a name or Hugging Face id) or config",
+    ("engine", "speculative_config"): "speculative decoding is the [speculative] section",
+    ("speculative", "model"): "kvsim reads no drafter checkpoint: method picks the drafter, and "
+    "draft_model names a model preset for method = 'draft_model'",
+    ("speculative", "speculative_config"): "give the keys of --speculative-config directly in "
+    "[speculative] (method, num_speculative_tokens)",
+    ("hardware", "gpu"): "name a preset with hardware.preset (kvsim presets lists them)",
+}
+
 DEPLOYMENT_REPLICAS = Key("replicas", "int", 1, "Replicas of this deployment.", low=1)
 
 SCHEMA: dict[str, tuple[Key, ...]] = {

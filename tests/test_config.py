@@ -227,3 +227,19 @@ def test_mtp_drafts_default_to_the_checkpoints_mtp_layers():
                       engine={"tensor_parallel_size": 8}, speculative={"method": "mtp"})
         assert sc.speculative.num_speculative_tokens == 1
     assert scenario(engine={"block_size": 32}).engine.block_size == 32
+
+
+@pytest.mark.parametrize("sections, where, what", [
+    ({"hardware": {"preset": "h100"}}, "hardware.preset", "(did you mean 'h100-sxm'?)"),
+    ({"hardware": {"preset": "H100"}}, "hardware.preset", "(did you mean 'h100-sxm'?)"),
+    ({"model": {"preset": "Llama-3.1-8B"}}, "model.preset", "(did you mean 'llama-3.1-8b'?)"),
+    ({"engine": {"max_num_seq": 8}}, "engine.max_num_seq", "unknown key (did you mean 'max_num_seqs'?)"),
+    # vLLM's own names for what kvsim takes elsewhere: said so, not a look-alike key.
+    ({"engine": {"data_parallel_size": 2}}, "engine.data_parallel_size",
+     "not a kvsim key: vLLM's data parallel"),
+    ({"speculative": {"model": "x"}}, "speculative.model", "not a kvsim key: kvsim reads no drafter"),
+])
+def test_suggestions_point_at_what_was_meant(sections, where, what):
+    exc = error(**sections)
+    assert exc.where == f"scenario: {where}" and what in exc.what, exc
+    assert "tensor_parallel_size" not in exc.what and "draft_model'?" not in exc.what
