@@ -24,35 +24,8 @@ from pathlib import Path
 
 from kvsim import __version__, presets
 from kvsim.errors import ConfigError
+from kvsim.progress import PointProgress, RunProgress
 from kvsim.results import result_folder, write_results
-
-
-class _Progress:
-    """A one-line progress bar on a terminal, refreshed at most every half second."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.last = time.monotonic()
-        self.shown = False
-
-    def __call__(self, step: int, sim_s: float, finished: int, total: int) -> None:
-        if step % 256:
-            return
-        now = time.monotonic()
-        if now - self.last < 0.5:
-            return
-        self.last = now
-        width = 30
-        filled = width * finished // total if total else 0  # total 0: not known
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {finished}/{total or '?'} "
-                          f"requests, step {step}, {sim_s:.1f} s simulated")
-        self.stream.flush()
-        self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            self.stream.write("\r" + " " * 79 + "\r")
-            self.stream.flush()
 
 
 def _default_out(name: str) -> Path:
@@ -101,7 +74,7 @@ def _run(args) -> int:
     path = Path(args.scenario)
     sc = load_scenario(path)
     out = Path(args.out) if args.out else _default_out(path.stem)
-    progress = _Progress(sys.stderr) if sys.stderr.isatty() and not args.quiet else None
+    progress = None if args.quiet else RunProgress()
     if sc.cluster is not None:  # held in memory: its files group steps by replica
         try:
             rec = engine.run(sc, build_requests(sc), progress=progress)
@@ -182,7 +155,12 @@ def cmd_sweep(args) -> int:
     if args.address and args.backend != "ray":
         raise ConfigError("--address", "is for --backend ray")
     out = Path(args.out) if args.out else Path("kvsim-out") / path.stem
-    progress = None if args.quiet else sweep.Progress(sys.stderr)
+    if args.backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:  # before any folder or bar
+            raise ConfigError("--backend ray", "Ray is not installed: pip install 'kvsim[ray]'") from None
+    progress = None if args.quiet else PointProgress()
     try:
         rows = sweep.run(sw, out, args.backend, args.workers, args.address, progress)
     finally:

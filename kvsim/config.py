@@ -29,6 +29,7 @@ from kvsim.schema import (
     ENGINE_KEYS,
     GROUP_KEYS,
     MAX_GPU_BLOCKS,
+    MAX_REPLICAS,
     MODEL_KEYS,
     REQUIRED,
     RETENTION,
@@ -199,9 +200,7 @@ def _check_value(where: str, key: Key, value: Any) -> Any:
 
 def _section(raw: dict, section: str, file: str) -> dict[str, Any]:
     """Validate one section: unknown keys, types, ranges, presets. Returns key -> value."""
-    table = raw.get(section, {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{file}: {section}", "must be a table ([" + section + "])")
+    table = raw.get(section, {})  # a table: parse_scenario checked
     keys = {k.name: k for k in SCHEMA[section]}
     for name in table:
         if name not in keys:
@@ -258,8 +257,6 @@ def model_from_path(path: str | Path) -> ModelCfg:
 def _model(raw: dict, file: str, base: Path | None) -> ModelCfg:
     """[model]: a preset or a config.json, with keys overriding it, or every key by hand."""
     table = raw.get("model", {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{file}: model", "must be a table ([model])")
     where = f"{file}: model"
     if "preset" in table and "config" in table:
         raise ConfigError(f"{where}.config", "give preset or config, not both")
@@ -595,9 +592,11 @@ def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: Engi
 def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     """Validate a scenario table (as ``tomllib`` returns it). Raises ConfigError."""
     file = path.name if path else "scenario"
-    for section in raw:
+    for section, table in raw.items():
         if section not in SCHEMA:
             raise ConfigError(f"{file}: [{section}]", f"unknown section{_suggest(section, list(SCHEMA))}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{file}: {section}", f"must be a table ([{section}])")
     model = _model(raw, file, path.parent if path else None)
     if model.num_experts and not 1 <= model.num_experts_per_tok <= model.num_experts:
         raise ConfigError(f"{file}: model.num_experts_per_tok", f"must be between 1 and num_experts "
@@ -633,7 +632,12 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
     c = _section(raw, "cluster", file)
     deployments = c["deployment"]
     if deployments is None:
+        _check_cluster_size(f"{file}: cluster.replicas", [engine] * c["replicas"])
         return _build(ClusterCfg, {**c, "engines": (engine,) * c["replicas"]})
+    total = sum(n for n, _ in deployments)
+    if total > MAX_REPLICAS:
+        raise ConfigError(f"{file}: cluster.deployment", f"{total:,} replicas in all, more than "
+                          f"kvsim runs ({MAX_REPLICAS:,})")
     if "replicas" in raw["cluster"]:
         raise ConfigError(f"{file}: cluster.replicas", "give replicas or [[cluster.deployment]] "
                           "tables (whose replicas add up), not both")
@@ -651,7 +655,17 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
                 "engine.") else f"cluster.deployment[{i}] ({inner})"
             raise ConfigError(f"{file}: {where}", exc.what) from None
         engines += [e] * n
+    _check_cluster_size(f"{file}: cluster.deployment", engines)
     return _build(ClusterCfg, {**c, "replicas": len(engines), "engines": tuple(engines)})
+
+
+def _check_cluster_size(where: str, engines: list[EngineCfg]) -> None:
+    """Every replica's pool is built: together within what kvsim holds."""
+    blocks = sum(e.num_gpu_blocks for e in engines)
+    if blocks > MAX_GPU_BLOCKS:
+        raise ConfigError(where, f"{len(engines):,} replicas hold {blocks:,} blocks in all, more "
+                          f"than kvsim holds ({MAX_GPU_BLOCKS:,}); set engine.num_gpu_blocks "
+                          "or fewer replicas")
 
 
 def load_scenario(path: str | Path) -> Scenario:

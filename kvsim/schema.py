@@ -26,6 +26,7 @@ from kvsim.specdec import SPEC_METHODS, AcceptanceKind, Drafting, SpecMethod
 # generated requests (or rag documents).
 MAX_GPU_BLOCKS = 1 << 22
 MAX_REQUESTS = 2_000_000
+MAX_REPLICAS = 1024  # engines of a cluster (each its own pool, within MAX_GPU_BLOCKS in all)
 WorkloadKind = Literal["trace", "synthetic"]
 TraceFormat = Literal["kvsim", "mooncake", "azure"]
 GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_lengths"]
@@ -313,8 +314,9 @@ SHARED_ENGINE_KEYS = ("vllm_version", "block_size", "kv_groups")
 
 CLUSTER_KEYS = (
     Key("replicas", "int", 1, "Replicas behind the router, each a whole vLLM engine (`[engine]`) "
-        "with its own KV cache. With `[[cluster.deployment]]` tables: their total (leave it out).",
-        low=1),
+        "with its own KV cache. With `[[cluster.deployment]]` tables: their total (leave it out). "
+        f"At most {MAX_REPLICAS:,}, holding at most {MAX_GPU_BLOCKS:,} blocks in all.", low=1,
+        high=MAX_REPLICAS),
     Key("router", "str", "round_robin", "Routing policy, decided when a request arrives: "
         "`round_robin`, `random` (seeded by `run.seed`), `least_loaded` (by `load_metric`), "
         "`prefix_aware` (longest cached prefix against pending work, see `load_weight`), "
@@ -345,7 +347,8 @@ VLLM_NAMES: dict[tuple[str, str], str] = {
     ("hardware", "gpu"): "name a preset with hardware.preset (kvsim presets lists them)",
 }
 
-DEPLOYMENT_REPLICAS = Key("replicas", "int", 1, "Replicas of this deployment.", low=1)
+DEPLOYMENT_REPLICAS = Key("replicas", "int", 1, "Replicas of this deployment.", low=1,
+                          high=MAX_REPLICAS)
 
 SCHEMA: dict[str, tuple[Key, ...]] = {
     "model": MODEL_KEYS, "hardware": HARDWARE_KEYS, "engine": ENGINE_KEYS,

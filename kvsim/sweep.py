@@ -19,8 +19,6 @@ import json
 import logging
 import os
 import shutil
-import sys
-import time
 import tomllib
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -265,24 +263,11 @@ def is_complete(folder: Path, point: Point) -> bool:
         return False
 
 
-def bar(done: int, total: int, skipped: int, elapsed_s: float, width: int = 30) -> str:
-    """The progress line: finished points of all, how many were done before, time, ETA."""
-    ran = done - skipped
-    eta = "--:--" if ran == 0 else _clock(elapsed_s / ran * (total - done))
-    filled = width * done // max(total, 1)
-    before = f" ({skipped} done before)" if skipped else ""
-    return (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} points{before} · "
-            f"{_clock(elapsed_s)} elapsed · ETA {eta}")
-
-
-def _clock(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
 def run(sweep: Sweep, out: Path, backend: str = "local", workers: int | None = None,
-        address: str | None = None, progress: Callable[[str], None] | None = None) -> list[dict]:
+        address: str | None = None,
+        progress: Callable[[int, int, int], None] | None = None) -> list[dict]:
     """Run the points not yet complete under ``out/points``; write ``sweep.csv``; return its rows.
+    ``progress(done, total, done_before)`` is told of every finished point.
 
     Raises ConfigError when ``out`` is something else than a sweep folder, or a point fails.
     """
@@ -298,9 +283,9 @@ def run(sweep: Sweep, out: Path, backend: str = "local", workers: int | None = N
         "points": [{"name": p.name, "overrides": p.overrides} for p in sweep.points],
     }, indent=2) + "\n")
     todo = [p for p in sweep.points if not is_complete(out / "points" / p.name, p)]
-    skipped, done, start = len(sweep.points) - len(todo), len(sweep.points) - len(todo), time.monotonic()
+    skipped = done = len(sweep.points) - len(todo)
     if progress:
-        progress(bar(done, len(sweep.points), skipped, 0.0))
+        progress(done, len(sweep.points), skipped)
     if todo:
         tasks = [(p.raw, str(sweep.path)) for p in todo]
         results = BACKENDS[backend](tasks, workers or os.cpu_count() or 1, address)
@@ -312,7 +297,7 @@ def run(sweep: Sweep, out: Path, backend: str = "local", workers: int | None = N
                 write_results(out / "points" / todo[i].name, value, replace=True)
                 done += 1
                 if progress:
-                    progress(bar(done, len(sweep.points), skipped, time.monotonic() - start))
+                    progress(done, len(sweep.points), skipped)
         finally:
             results.close()
     rows = table_rows(sweep, out)
@@ -344,19 +329,3 @@ def table_rows(sweep: Sweep, out: Path) -> list[dict]:
         metrics = compare.row(p.name, summary)
         rows.append({"point": p.name, **cells, **{k: v for k, v in metrics.items() if k != "variant"}})
     return rows
-
-
-class Progress:
-    """Prints ``bar`` lines: redrawn in place on a terminal, else one line per finished point."""
-
-    def __init__(self, stream=sys.stderr):
-        self.stream, self.tty = stream, stream.isatty()
-
-    def __call__(self, line: str) -> None:
-        self.stream.write(("\r" + line) if self.tty else line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()

@@ -147,11 +147,15 @@ def test_each_point_is_its_own_kvsim_run(tmp_path):
     assert float(rows[0]["e2e_mean_s"]) == pytest.approx(summary["e2e_s"]["mean"], rel=1e-8)
 
 
-def test_progress_line():
-    # 6 of 24 done, 2 of them before this run: 4 ran in 40 s, so 18 left take 180 s.
-    assert sweep.bar(6, 24, 2, 40.0, width=8) == \
-        "[##......] 6/24 points (2 done before) · 0:40 elapsed · ETA 3:00"
-    assert sweep.bar(0, 24, 0, 0.0, width=4).endswith("ETA --:--")
+def test_progress_counts_the_points_and_those_done_before(tmp_path):
+    sw = sweep.load(write(tmp_path))
+    calls: list[tuple] = []
+    sweep.run(sw, tmp_path / "out", progress=lambda *a: calls.append(a))
+    n = len(sw.points)
+    assert calls == [(i, n, 0) for i in range(n + 1)]
+    calls.clear()
+    sweep.run(sw, tmp_path / "out", progress=lambda *a: calls.append(a))  # all done before
+    assert calls == [(n, n, n)]
 
 
 def _sweep_cmd(path, out, *extra):
@@ -180,10 +184,10 @@ def test_kill_and_restart_skips_finished_points(tmp_path):
     # Restart: the finished points are not run again; the table equals an uninterrupted sweep's.
     done = subprocess.run(_sweep_cmd(path, out, "--workers", "2"), env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert f"({len(finished)} done before)" in done.stderr
+    assert f"resuming: {len(finished)} of 12 points done before" in done.stderr
     for name, mtime in finished.items():
         assert (out / "points" / name / "summary.json").stat().st_mtime_ns == mtime
-    assert not list((out / "points").glob(".*"))
+    assert not [p for p in (out / "points").iterdir() if is_partial(p)]
     fresh = tmp_path / "fresh"
     assert main(["sweep", str(path), "--out", str(fresh), "-q", "--no-plots"]) == 0
     assert (out / "sweep.csv").read_bytes() == (fresh / "sweep.csv").read_bytes()

@@ -21,10 +21,10 @@ experts ``T`` tokens are expected to activate under uniform top-k routing,
 from __future__ import annotations
 
 import csv
-import re
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from kvsim import presets
 from kvsim.config import model_preset
@@ -36,17 +36,18 @@ ONCE_PER_STEP = ("embedding", "final_layernorm")
 
 
 def read_meta(folder: Path) -> dict[str, str]:
-    """Top-level scalar keys of ``meta.yaml`` (model, gpu, vllm_version, ...); no YAML library."""
+    """Top-level scalar keys of ``meta.yaml`` (model, gpu, vllm_version, ...), as text."""
     path = folder / "meta.yaml"
     try:
-        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(str(folder), "no meta.yaml (expected an LLMServingSim profile folder "
                           "profiles/<hardware>/<org>/<model>/<variant>)") from None
-    out = {}
-    for m in re.finditer(r"^([a-z_]+): *(.+)$", text, re.M):
-        out[m.group(1)] = m.group(2).strip().strip("'\"")
-    return out
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(str(path), f"cannot read it: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "must be a YAML mapping of keys to values")
+    return {str(k): str(v) for k, v in data.items() if not isinstance(v, dict | list)}
 
 
 def preset_for(hf_model: str) -> str | None:
