@@ -26,6 +26,9 @@ REQUEST_COLUMNS = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "cac
                    "finish_step", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s")
 
 
+_COLUMN = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
+
+
 def _fmt(v) -> str:
     if v is None:
         return ""
@@ -123,7 +126,7 @@ class Results:
         row = _request_values(r)
         self._req.writerow([_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else []))
         self.num_requests += 1
-        ttft, tpot, e2e = row[-3:]
+        ttft, tpot, e2e = (row[_COLUMN[k]] for k in ("ttft_s", "tpot_s", "e2e_s"))
         if r.finish_step is not None:
             self.num_finished += 1
             self.finished_prompt_tokens += r.num_prompt_tokens

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from kvsim.kv.manager import KVCacheManager
 from kvsim.kv.pool import BlockPool
 from kvsim.request import ExplicitTokens, Request, RequestSpec
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.semantics import VERSIONS
+
+# The public data (traces, measured runs, GPU layer profiles) the tests read: one place,
+# $KVSIM_SHARED_DATA, else ../shared/data beside the repository (where CI puts it). Tests that
+# need it skip cleanly without it.
+SHARED_DATA = Path(os.environ.get("KVSIM_SHARED_DATA")
+                   or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 _seq = iter(range(10**9))
 

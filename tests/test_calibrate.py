@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import SHARED_DATA
 
 from kvsim import engine
 from kvsim.assemble import cost_inputs
@@ -19,7 +20,7 @@ from kvsim.workload import build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "fixtures" / "calibration-smollm2-135m-cpu.csv"
-LLMSERVINGSIM = ROOT.parent / "shared" / "data" / "llmservingsim" / "profiles" / "RTXPRO6000"
+LLMSERVINGSIM = SHARED_DATA / "llmservingsim" / "profiles" / "RTXPRO6000"
 
 
 def test_fit_on_sample_csv_reports_heldout_error():

@@ -205,3 +205,19 @@ def test_sigterm_leaves_no_folder(tmp_path):
     assert proc.wait(timeout=60) == 143
     assert proc.stderr.read().strip() == "kvsim: terminated"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]
+
+
+def test_summary_latencies_are_the_request_rows(tmp_path):
+    # summary.json's TTFT / TPOT / E2E are the distributions of requests.csv's columns.
+    import csv
+    import statistics
+
+    out = run_small(tmp_path)
+    summary = json.loads((out / "summary.json").read_text())
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        values = [float(r[key]) for r in rows if r[key]]
+        assert summary[key]["mean"] == pytest.approx(statistics.fmean(values), rel=1e-7), key
+        assert summary[key]["p50"] == pytest.approx(statistics.median(values), rel=1e-7), key
+    for r in rows:
+        assert float(r["queue_s"]) + float(r["prefill_s"]) == pytest.approx(float(r["ttft_s"]))

@@ -1,9 +1,9 @@
 """Scenario loading: defaults, presets, derived values and one-line errors."""
 
-import os
 from pathlib import Path
 
 import pytest
+from builders import SHARED_DATA
 
 from kvsim.config import load_scenario, parse_scenario
 from kvsim.errors import ConfigError
@@ -128,10 +128,9 @@ def test_every_scenario_file_loads(monkeypatch, tmp_path):
     trace cache) when it is there, and otherwise fail with the cache's one-line message."""
     files = sorted((ROOT / "scenarios").glob("*.toml"))
     assert files
-    shared = Path(os.environ.get("KVSIM_SHARED_DATA", "/work/shared/data"))
-    monkeypatch.setenv("KVSIM_TRACE_DIR", str(shared if shared.is_dir() else tmp_path))
+    monkeypatch.setenv("KVSIM_TRACE_DIR", str(SHARED_DATA if SHARED_DATA.is_dir() else tmp_path))
     for f in files:
-        if "trace = " in f.read_text() and not shared.is_dir():
+        if "trace = " in f.read_text() and not SHARED_DATA.is_dir():
             with pytest.raises(ConfigError, match="is not in the trace cache"):
                 load_scenario(f)
         else:

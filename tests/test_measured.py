@@ -2,15 +2,15 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from builders import SHARED_DATA
 
 from kvsim import measured
 from kvsim.cli import main
 from kvsim.errors import ConfigError
 
-RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "llmservingsim" / "runs" / "RTXPRO6000"
+RUNS = SHARED_DATA / "llmservingsim" / "runs" / "RTXPRO6000"
 pytestmark = pytest.mark.skipif(not RUNS.is_dir(), reason="no ../shared/data/llmservingsim here")
 
 

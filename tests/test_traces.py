@@ -1,17 +1,17 @@
 """Trace readers (Mooncake, Azure), trace selection and the known-trace cache.
 
 The public traces are not in the repository; tests that read them look in
-``$KVSIM_SHARED_DATA`` (default ``/work/shared/data``, the layout of the trace cache:
+``$KVSIM_SHARED_DATA`` (default ``../shared/data``; builders.SHARED_DATA), laid out as the trace cache:
 ``mooncake/conversation_trace.jsonl``, ``azure/AzureLLMInferenceTrace_code.csv``) and skip
 when it is absent.
 """
 
 import json
-import os
 import urllib.error
 from pathlib import Path
 
 import pytest
+from builders import SHARED_DATA
 
 from kvsim import engine, metrics, traces
 from kvsim.cli import main
@@ -21,7 +21,7 @@ from kvsim.workload import build_requests
 from kvsim.workload.azure import read_azure
 from kvsim.workload.mooncake import HASH_BLOCK, read_mooncake
 
-DATA = Path(os.environ.get("KVSIM_SHARED_DATA", "/work/shared/data"))
+DATA = SHARED_DATA
 BASE = {"model": {"preset": "llama-3.1-8b"}, "hardware": {"preset": "h100-sxm"}}
 
 
