@@ -10,6 +10,7 @@ import csv
 import io
 import itertools
 import json
+import math
 from array import array
 from dataclasses import fields
 from operator import attrgetter
@@ -93,6 +94,8 @@ class Results:
         self.drafts = self.accepted = self.verifies = 0
         self.cached = array("q")  # cached_tokens of the requests that were admitted
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
+        self.queue = array("d")  # queue_s of the requests that were scheduled, in workload order
+        self.last_arrival_s = 0.0
         self.num_steps = 0
         self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
         self.usage = array("d")
@@ -126,7 +129,10 @@ class Results:
         row = _request_values(r)
         self._req.writerow([_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else []))
         self.num_requests += 1
-        ttft, tpot, e2e = (row[_COLUMN[k]] for k in ("ttft_s", "tpot_s", "e2e_s"))
+        ttft, tpot, e2e, queue = (row[_COLUMN[k]] for k in ("ttft_s", "tpot_s", "e2e_s", "queue_s"))
+        self.last_arrival_s = max(self.last_arrival_s, r.arrival_s)
+        if queue is not None:
+            self.queue.append(queue)
         if r.finish_step is not None:
             self.num_finished += 1
             self.finished_prompt_tokens += r.num_prompt_tokens
@@ -176,6 +182,9 @@ class Results:
             "num_preemptions": self.num_preemptions,
             "ttft_s": _dist(self.ttft),
             "tpot_s": _dist(self.tpot),
+            "queue_s": _dist(self.queue),
+            "last_arrival_s": self.last_arrival_s,
+            "over_capacity": over_capacity(self.queue),
             "e2e_s": _dist(self.e2e),
             "throughput": {
                 "requests_per_s": self.num_finished / span if span else None,
@@ -247,6 +256,19 @@ def steps_csv(rec: Records) -> str:
     buf = io.StringIO()
     _in_memory(rec, steps=buf)
     return buf.getvalue()
+
+
+def over_capacity(queue) -> dict | None:
+    """Whether requests waited the longer the later they came (the engine fell behind its
+    arrivals): mean queue time of the last quarter of the requests (workload order) over a
+    second and over 5x the first quarter's; their two means, else None."""
+    n = len(queue) // 4
+    if n < 5:
+        return None
+    first, last = float(np.mean(queue[:n])), float(np.mean(queue[-n:]))
+    if last > 1.0 and last > 5 * first:
+        return {"first_quarter_queue_s": first, "last_quarter_queue_s": last}
+    return None
 
 
 def _dist(values) -> dict | None:
@@ -321,6 +343,16 @@ def acceptance_model(sc: Scenario) -> str:
     return f"per_position, {rates} by position"
 
 
+def time_unit(seconds: float, smallest: str = "ms") -> tuple[str, float]:
+    """The unit a latency of up to ``seconds`` reads best in (no smaller than ``smallest``),
+    and the scale from seconds: ms below 10 s, s below 10 minutes, else min."""
+    units = [("ms", 1e3, 10.0), ("s", 1.0, 600.0), ("min", 1 / 60, math.inf)]
+    for unit, scale, below in units[[u for u, _, _ in units].index(smallest):]:
+        if seconds < below:
+            return unit, scale
+    raise AssertionError("unreachable")
+
+
 def summary_table(summary: dict, out_dir: str | None = None) -> str:
     """A short human-readable table for the terminal."""
     s = summary
@@ -339,6 +371,12 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     else:
         lines.append("prefix cache  off (no lookups)")
     lines.append(f"preemptions   {s['num_preemptions']}")
+    oc = s.get("over_capacity")
+    if oc:
+        lines.append(f"over capacity the engine falls behind its arrivals: requests queue "
+                     f"{oc['first_quarter_queue_s']:.2f} s on average in the first quarter, "
+                     f"{oc['last_quarter_queue_s']:.2f} s in the last (arrivals end at "
+                     f"{s['last_arrival_s']:.0f} s, the run at {s['sim_time_s']:.0f} s)")
     sd = s.get("spec_decode")
     if sd and sd["acceptance_rate"] is not None:
         lines.append(f"spec decode   {sd['method']} k={sd['num_speculative_tokens']}: "
@@ -347,14 +385,17 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
                      f"{sd['draft_time_s']:.3f} s of the run")
         lines.append(f"{'':14}acceptance: {sd['acceptance_model']}")
     lines.append(f"{'':14}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}")
-    for key, label, scale in (("ttft_s", "TTFT ms", 1e3), ("tpot_s", "TPOT ms", 1e3),
-                              ("e2e_s", "E2E s", 1.0)):
-        d = s[key]
+    for key, name, smallest in (("ttft_s", "TTFT", "ms"), ("tpot_s", "TPOT", "ms"),
+                                ("e2e_s", "E2E", "s"), ("queue_s", "queue", "ms")):
+        d = s.get(key)
         if d is None:
-            lines.append(f"{label:14}{'-':>10}")
+            if key != "queue_s":
+                lines.append(f"{name + ' ms':14}{'-':>10}")
             continue
-        # A space before every value keeps columns apart past 10 characters (queued runs).
-        lines.append(f"{label:14}" + "".join(f" {d[q] * scale:>9.2f}" for q in ("p50", "p90", "p99", "mean")))
+        unit, scale = time_unit(d["p99"], smallest)
+        # A space before every value keeps columns apart past 10 characters.
+        lines.append(f"{name + ' ' + unit:14}"
+                     + "".join(f" {d[q] * scale:>9.2f}" for q in ("p50", "p90", "p99", "mean")))
     t = s["throughput"]
     if t["requests_per_s"] is not None:
         lines.append(f"throughput    {t['requests_per_s']:.2f} req/s, "

@@ -221,3 +221,16 @@ def test_summary_latencies_are_the_request_rows(tmp_path):
         assert summary[key]["p50"] == pytest.approx(statistics.median(values), rel=1e-7), key
     for r in rows:
         assert float(r["queue_s"]) + float(r["prefill_s"]) == pytest.approx(float(r["ttft_s"]))
+
+
+def test_over_capacity_and_time_units():
+    from kvsim.metrics import over_capacity, time_unit
+
+    # 20 requests: queues 0.1 s in the first quarter, 3 s in the last: the engine falls behind.
+    growing = [0.1] * 5 + [1.0] * 10 + [3.0] * 5
+    assert over_capacity(growing) == {"first_quarter_queue_s": 0.1, "last_quarter_queue_s": 3.0}
+    assert over_capacity([0.5] * 20) is None  # steady waits
+    assert over_capacity([0.0] * 15 + [0.9] * 5) is None  # under a second
+    assert over_capacity([3.0] * 8) is None  # too few requests to say
+    assert time_unit(0.11) == ("ms", 1e3) and time_unit(42.0) == ("s", 1.0)
+    assert time_unit(2693.0) == ("min", 1 / 60) and time_unit(2.98, "s") == ("s", 1.0)
