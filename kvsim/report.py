@@ -330,8 +330,11 @@ def page(folder: Path) -> str:
     figures = plots.write_figures(folder)
     s = runs[0].summary
     title = {"run": "run", "compare": "comparison", "sweep": "sweep"}[kind]
-    meta = (f"kvsim {s['kvsim_version']} · vLLM {s['vllm_version']} semantics · {s['model']} on "
-            f"{s['hardware']} · cost model: {s['cost_model']}")
+    def field(key: str) -> str:  # what the runs share, or every value when they differ
+        seen = list(dict.fromkeys(str(r.summary[key]) for r in runs))
+        return seen[0] if len(seen) == 1 else " / ".join(seen) + " (varied)"
+    meta = (f"kvsim {s['kvsim_version']} · vLLM {field('vllm_version')} semantics · "
+            f"{field('model')} on {field('hardware')} · cost model: {field('cost_model')}")
     parts = [f"<h1>kvsim {title}: {html.escape(folder.resolve().name)}</h1>",
              f'<p class="meta">{html.escape(meta)}</p>',
              "<h2>What kvsim noticed</h2>",

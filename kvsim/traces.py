@@ -10,6 +10,7 @@ names one with ``[workload] trace = "NAME"``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import os
@@ -118,6 +119,7 @@ def download(name: str, folder: Path | None = None, timeout_s: float = 30.0) -> 
     t = known(name)
     dest = (folder or cache_dir()) / t.file
     where = f"traces download {name}"
+    created = [p for p in dest.parents if not p.exists()]  # removed again if nothing lands
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.partial-", dir=dest.parent)
@@ -140,6 +142,12 @@ def download(name: str, folder: Path | None = None, timeout_s: float = 30.0) -> 
             raise ConfigError(where, f"checksum mismatch for {t.url} (got sha256 {digest.hexdigest()}, "
                               f"expected {t.sha256}); nothing was saved")
         shutil.move(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        for folder_made in created:  # deepest first: a failed download leaves no empty folders
+            with contextlib.suppress(OSError):
+                folder_made.rmdir()
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return dest

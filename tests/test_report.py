@@ -163,3 +163,15 @@ def test_report_in_headless_chromium(halving_report, tmp_path):
     # The notes box (light blue, #f0f6ff) sits near the top of the page.
     top = rgb[:400]
     assert ((top[..., 0] == 0xf0) & (top[..., 1] == 0xf6) & (top[..., 2] == 0xff)).sum() > 20000
+
+
+def test_report_title_says_what_varies(tmp_path):
+    scen = tmp_path / "s.toml"
+    scen.write_text(SPEC)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(scen), "--out", str(out), "-q",
+                 "--vary", "engine.vllm_version=0.22.1,0.32.0,0.33.0"]) == 0
+    assert main(["report", str(out), "-q"]) == 0
+    text = (out / "report.html").read_text()
+    assert "vLLM 0.22.1 / 0.32.0 / 0.33.0 (varied) semantics" in text
+    assert "vLLM 0.22.1 semantics" not in text
