@@ -155,11 +155,7 @@ def cmd_sweep(args) -> int:
     if args.address and args.backend != "ray":
         raise ConfigError("--address", "is for --backend ray")
     out = Path(args.out) if args.out else Path("kvsim-out") / path.stem
-    if args.backend == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:  # before any folder or bar
-            raise ConfigError("--backend ray", "Ray is not installed: pip install 'kvsim[ray]'") from None
+    sweep.require_backend(args.backend)
     progress = None if args.quiet else PointProgress()
     try:
         rows = sweep.run(sw, out, args.backend, args.workers, args.address, progress)

@@ -507,7 +507,7 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
     return _build(WorkloadCfg, w)
 
 
-def _num_speculative_tokens(s: dict, model: ModelCfg):
+def _num_speculative_tokens(s: dict, model: ModelCfg) -> Any:
     """``num_speculative_tokens`` as given, else vLLM's default for MTP (SpeculativeConfig: the
     checkpoint's MTP layers); None when missing (checked in ``_speculative``)."""
     k = s.get("num_speculative_tokens")

@@ -226,12 +226,20 @@ def _local(tasks: list[tuple[dict, str]], workers: int) -> Generator[tuple[int, 
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def require_backend(backend: str) -> None:
+    """Refuse a backend whose package is not installed (before any folder is made)."""
+    if backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ConfigError("--backend ray", "Ray is not installed: pip install 'kvsim[ray]'") from None
+
+
 def _ray(tasks: list[tuple[dict, str]], workers: int,
          address: str | None) -> Generator[tuple[int, tuple], None, None]:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--backend ray", "Ray is not installed: pip install 'kvsim[ray]'") from None
+    require_backend("ray")
+    import ray
+
     import kvsim
 
     quiet = {"log_to_driver": False, "logging_level": logging.ERROR}

@@ -257,3 +257,15 @@ def test_conflicting_sweep_keys(tmp_path, text, where, what):
     with pytest.raises(ConfigError) as err:
         sweep.load(write(tmp_path, text))
     assert err.value.where == where and what in err.value.what
+
+
+def test_ray_backend_without_ray_fails_before_any_folder(tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("Ray is installed here")
+    path = write(tmp_path)
+    assert main(["sweep", str(path), "--backend", "ray", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("kvsim: error: --backend ray: Ray is not installed: "
+                                       "pip install 'kvsim[ray]'\n")
+    assert not (tmp_path / "o").exists()
