@@ -171,11 +171,12 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from kvsim import report
+    from kvsim import plots, report
 
+    slo = plots.parse_goodput(args.goodput or [])
     folder = Path(args.run_dir)
     out = Path(args.out) if args.out else folder / "report.html"
-    report.write(folder, out)
+    report.write(folder, out, slo)
     if not args.quiet:
         print(f"report {out}")
     return 0
@@ -452,6 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="one self-contained HTML page for a run, comparison or sweep")
     rep.add_argument("run_dir", help="a result folder of kvsim run, compare or sweep")
     rep.add_argument("--out", help="HTML file (default: RUN_DIR/report.html)")
+    rep.add_argument("--goodput", nargs="+", metavar="NAME:MS",
+                     help="latency SLOs as vllm bench serve takes them (ttft:500 tpot:50 e2el:MS): "
+                     "goodput in the notes, the table and the goodput figure")
     rep.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     rep.set_defaults(func=cmd_report)
     val = sub.add_parser("validate", help="check a scenario against vLLM: its own Scheduler, a "

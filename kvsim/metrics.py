@@ -271,6 +271,16 @@ def over_capacity(queue) -> dict | None:
     return None
 
 
+def over_capacity_text(s: dict) -> str | None:
+    """The summary's over-capacity finding as a clause, or None."""
+    oc = s.get("over_capacity")
+    if not oc:
+        return None
+    return (f"the engine falls behind its arrivals: requests queue {oc['first_quarter_queue_s']:.2f} s "
+            f"on average in the first quarter, {oc['last_quarter_queue_s']:.2f} s in the last "
+            f"(arrivals end at {s['last_arrival_s']:.0f} s, the run at {s['sim_time_s']:.0f} s)")
+
+
 def _dist(values) -> dict | None:
     if not values:
         return None
@@ -353,14 +363,22 @@ def time_unit(seconds: float, smallest: str = "ms") -> tuple[str, float]:
     raise AssertionError("unreachable")
 
 
+def context_line(summaries: list[dict]) -> str:
+    """What runs simulated, in one line: what they share, and every value where they differ."""
+    def field(key: str) -> str:
+        seen = list(dict.fromkeys(str(s[key]) for s in summaries))
+        return seen[0] if len(seen) == 1 else " / ".join(seen) + " (varied)"
+    return (f"kvsim {field('kvsim_version')} · vLLM {field('vllm_version')} semantics · "
+            f"{field('model')} on {field('hardware')} · cost model: {field('cost_model')}")
+
+
 def summary_table(summary: dict, out_dir: str | None = None) -> str:
     """A short human-readable table for the terminal."""
     s = summary
     stop = {None: "", "stall": " (vLLM deadlocks here: the head of the waiting queue can never "
             "be admitted and nothing runs)"}.get(s["stopped_by"], f" (stopped by {s['stopped_by']})")
     lines = [
-        f"kvsim {s['kvsim_version']} · vLLM {s['vllm_version']} semantics · {s['model']} on "
-        f"{s['hardware']} · cost model: {s['cost_model']}",
+        context_line([s]),
         f"requests      {s['num_finished']} finished of {s['num_requests']}{stop}; "
         f"{s['num_steps']} steps; {s['sim_time_s']:.3f} s simulated",
     ]
@@ -371,12 +389,9 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     else:
         lines.append("prefix cache  off (no lookups)")
     lines.append(f"preemptions   {s['num_preemptions']}")
-    oc = s.get("over_capacity")
-    if oc:
-        lines.append(f"over capacity the engine falls behind its arrivals: requests queue "
-                     f"{oc['first_quarter_queue_s']:.2f} s on average in the first quarter, "
-                     f"{oc['last_quarter_queue_s']:.2f} s in the last (arrivals end at "
-                     f"{s['last_arrival_s']:.0f} s, the run at {s['sim_time_s']:.0f} s)")
+    behind = over_capacity_text(s)
+    if behind:
+        lines.append(f"over capacity {behind}")
     sd = s.get("spec_decode")
     if sd and sd["acceptance_rate"] is not None:
         lines.append(f"spec decode   {sd['method']} k={sd['num_speculative_tokens']}: "

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import tomllib
 from math import lcm
 from pathlib import Path
 
@@ -22,35 +21,26 @@ from kvsim.assemble import spec_setup
 from kvsim.compare import COLUMNS
 from kvsim.config import parse_scenario
 from kvsim.errors import ConfigError
+from kvsim.metrics import context_line, over_capacity_text, time_unit
 from kvsim.specdec import EAGLE_METHODS
 
+Run = plots.Variant
 
-class Run:
-    """One run folder as the report reads it."""
 
-    def __init__(self, label: str, folder: Path):
-        self.label, self.folder = label, folder
-        self.summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-        self.resolved_text = (folder / "scenario.resolved.toml").read_text(encoding="utf-8")
-        self.resolved = tomllib.loads(self.resolved_text)
-
-    def requests(self) -> list[dict]:
-        return plots.read_csv(self.folder / "requests.csv")
-
-    def alignment(self) -> tuple[int, str]:
-        """The hit alignment in tokens and how it arises (block_size, or lcm of the groups')."""
-        groups = self.resolved["engine"].get("kv_groups") or []
-        sizes = sorted({g["block_size"] for g in groups})
-        if len(sizes) > 1:
-            return lcm(*sizes), f"lcm({', '.join(f'{b:,}' for b in sizes)})"
-        size = sizes[0] if sizes else self.resolved["engine"]["block_size"]
-        return size, "block_size"
+def alignment(run: Run) -> tuple[int, str]:
+    """The hit alignment in tokens and how it arises (block_size, or lcm of the groups')."""
+    groups = run.resolved["engine"].get("kv_groups") or []
+    sizes = sorted({g["block_size"] for g in groups})
+    if len(sizes) > 1:
+        return lcm(*sizes), f"lcm({', '.join(f'{b:,}' for b in sizes)})"
+    size = sizes[0] if sizes else run.resolved["engine"]["block_size"]
+    return size, "block_size"
 
 
 def load_runs(folder: Path) -> tuple[str, list[Run], list[dict]]:
     """The folder's kind, its runs and its table rows (compare.csv / sweep.csv; a run: none)."""
     kind = results.kind(folder)
-    runs = [Run(label, f) for label, f in plots.variants(folder)]
+    runs = plots.variants(folder)
     rows = []
     if kind == "compare":
         rows = plots.read_csv(folder / "compare.csv")
@@ -68,8 +58,7 @@ def _n(x: float) -> str:
 
 def run_notes(run: Run) -> list[str]:
     s = run.summary
-    steps = plots.read_csv(run.folder / "steps.csv")
-    peak = max((float(r["kv_usage"]) for r in steps), default=0.0)
+    peak = float(run.steps["kv_usage"].max(initial=0.0))
     usable = s["num_gpu_blocks"] - 1
     out = []
     if s["stopped_by"] == "stall":
@@ -79,15 +68,18 @@ def run_notes(run: Run) -> list[str]:
     elif s["stopped_by"]:
         out.append(f"The run was cut by run.{s['stopped_by']}: {s['num_finished']} of "
                    f"{s['num_requests']} requests finished.")
+    behind = over_capacity_text(s)
+    if behind:
+        out.append(f"Over capacity: {behind}; its latencies measure the queue more than the engine.")
     if s["num_preemptions"]:
-        victims = sum(1 for r in run.requests() if int(r["num_preemptions"]) > 0)
+        victims = sum(1 for r in run.request_rows() if int(r["num_preemptions"]) > 0)
         out.append(f"{_n(s['num_preemptions'])} preemptions hit {_n(victims)} of {_n(s['num_requests'])} "
                    f"requests: KV usage reached {100 * peak:.0f} % of the {_n(usable)} usable blocks.")
     else:
         out.append(f"No preemptions: KV usage peaked at {100 * peak:.1f} % of the {_n(usable)} usable "
                    f"blocks.")
     if s["prefix_cache_queries"]:
-        size, how = run.alignment()
+        size, how = alignment(run)
         out.append(f"Prefix cache: {100 * s['prefix_cache_hit_rate']:.1f} % of queried tokens hit, "
                    f"{_n(s['cached_tokens_mean'])} tokens per request on average, in whole units of "
                    f"{_n(size)} tokens ({how}).")
@@ -101,7 +93,7 @@ def run_notes(run: Run) -> list[str]:
 
 def _rule(run: Run) -> str:
     """The accounting rule by which an EAGLE-family drafter shortens prefix hits in ``run``."""
-    size, how = run.alignment()
+    size, how = alignment(run)
     unit = f"hit alignment {how} = {_n(size)} tokens" if how != "block_size" else f"block_size {size}"
     try:
         sc = parse_scenario(run.resolved, run.folder / "scenario.resolved.toml")
@@ -142,12 +134,12 @@ def speculative_notes(runs: list[Run]) -> list[str]:
         base = next((r for r in members if r.resolved["speculative"]["method"] == "none"), None)
         if base is None or not base.resolved["engine"]["enable_prefix_caching"]:
             continue
-        before = {q["req_id"]: int(q["cached_tokens"] or 0) for q in base.requests()}
+        before = {q["req_id"]: int(q["cached_tokens"] or 0) for q in base.request_rows()}
         for r in members:
             method = r.resolved["speculative"]["method"]
             if method not in EAGLE_METHODS:
                 continue
-            after = {q["req_id"]: int(q["cached_tokens"] or 0) for q in r.requests()}
+            after = {q["req_id"]: int(q["cached_tokens"] or 0) for q in r.request_rows()}
             lost = [before[k] - after[k] for k in before if k in after and after[k] < before[k]]
             cut = base.summary["cached_tokens_mean"] - r.summary["cached_tokens_mean"]
             if lost and cut > 0:
@@ -155,7 +147,7 @@ def speculative_notes(runs: list[Run]) -> list[str]:
     out = []
     for method, found in pairs.items():
         cut, base, r, lost = max(found, key=lambda p: p[0])
-        size, _ = r.alignment()
+        size, _ = alignment(r)
         one = sum(1 for d in lost if d == size)
         more = sorted(d for d in lost if d != size)
         span = "" if not more else _tokens(more[0]) if more[0] == more[-1] else \
@@ -204,27 +196,49 @@ def threshold_notes(keys: list[str], rows: list[dict]) -> list[str]:
     return out
 
 
-def best_notes(rows: list[dict], first: str) -> list[str]:
+def best_notes(rows: list[dict], labels: list[str]) -> list[str]:
+    """The runs (``labels``, in ``rows``' order) with the lowest and highest latencies."""
     out = []
     for metric, text, unit in (("e2e_mean_s", "mean E2E latency", "s"), ("ttft_p50_ms", "TTFT p50", "ms")):
-        ok = [r for r in rows if r.get(metric)]
+        ok = [(float(r[metric]), name) for r, name in zip(rows, labels) if r.get(metric)]
         if len(ok) > 1:
-            best = min(ok, key=lambda r: float(r[metric]))
-            worst = max(ok, key=lambda r: float(r[metric]))
-            out.append(f"Lowest {text}: {best[first]} ({_num(float(best[metric]))} {unit}; "
-                       f"highest: {worst[first]}, {_num(float(worst[metric]))} {unit}).")
+            best, worst = min(ok), max(ok)
+            out.append(f"Lowest {text}: {best[1]} ({_num(best[0])} {unit}; highest: {worst[1]}, "
+                       f"{_num(worst[0])} {unit}).")
     return out
 
 
-def notes(kind: str, runs: list[Run], rows: list[dict], folder: Path) -> list[str]:
+def goodput_notes(runs: list[Run], slo: plots.Goodput) -> list[str]:
+    """Goodput at the SLO given (``kvsim report --goodput``): the run's, or the best and worst."""
+    if not slo.items():
+        return []
+    got = [(plots.goodput(r, slo), r) for r in runs]
+    def share(g: float, r: Run) -> str:
+        n = r.summary["num_requests"]
+        good = round(g * r.summary["sim_time_s"])
+        return f"{_num(g)} req/s ({good:,} of {n:,} requests, {100 * good / n if n else 0:.0f} %)"
+    if len(got) == 1:
+        return [f"Goodput at {slo.describe()}: {share(*got[0])}."]
+    best = max(got, key=lambda p: p[0])
+    worst = min(got, key=lambda p: p[0])
+    return [f"Goodput at {slo.describe()}: highest {best[1].label}, {share(*best)}; lowest "
+            f"{worst[1].label}, {share(*worst)}."]
+
+
+def notes(kind: str, runs: list[Run], rows: list[dict], folder: Path,
+          slo: plots.Goodput = plots.NO_SLO) -> list[str]:
     """Everything kvsim notices about a result folder, as plain sentences."""
     if kind == "run":
-        return run_notes(runs[0]) + _cost_note(runs)
+        return run_notes(runs[0]) + goodput_notes(runs, slo) + _cost_note(runs)
     out = speculative_notes(runs)
     if kind == "sweep":
         keys = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))["keys"]
         out += threshold_notes(keys, rows)
-    out += best_notes(rows, "variant" if kind == "compare" else "point")
+    out += best_notes(rows, [r.label for r in runs]) + goodput_notes(runs, slo)
+    behind = [r.label for r in runs if r.summary.get("over_capacity")]
+    if behind:
+        out.append(f"{len(behind)} of {len(runs)} runs are over capacity (requests queue the longer "
+                   f"the later they arrive): {', '.join(behind)}.")
     preempting = [r.label for r in runs if r.summary["num_preemptions"]]
     if preempting and len(preempting) < len(runs):
         out.append(f"{len(preempting)} of {len(runs)} runs preempt requests.")
@@ -243,43 +257,76 @@ def _cost_note(runs: list[Run]) -> list[str]:
 CSS = """
 body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d2329;
        margin: 0; background: #f6f7f9; }
-main { max-width: 1180px; margin: 0 auto; padding: 28px 32px 60px; background: #fff; }
+main { max-width: 1320px; margin: 0 auto; padding: 28px 32px 60px; background: #fff;
+       overflow-wrap: anywhere; }
 h1 { font-size: 26px; margin: 0 0 4px; } h2 { font-size: 19px; margin: 34px 0 10px;
        border-bottom: 1px solid #e3e6ea; padding-bottom: 4px; }
 .meta { color: #5b6570; margin: 0 0 18px; }
 .notes { background: #f0f6ff; border-left: 4px solid #3a7bd5; padding: 10px 18px 10px 34px; margin: 0; }
 .notes li { margin: 4px 0; }
 .table-wrap { overflow-x: auto; }
-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
-th, td { padding: 5px 10px; border-bottom: 1px solid #e8eaed; text-align: right; white-space: nowrap; }
-th { background: #f1f3f5; position: sticky; top: 0; }
+table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums;
+        overflow-wrap: normal; }
+th, td { padding: 5px 8px; border-bottom: 1px solid #e8eaed; text-align: right; white-space: nowrap; }
+th { background: #f1f3f5; position: sticky; top: 0; white-space: normal; vertical-align: bottom;
+     min-width: 3.5em; }
 td:first-child, th:first-child { text-align: left; }
 tr:nth-child(even) td { background: #fafbfc; }
-figure { margin: 18px 0 26px; } figure img { max-width: 100%; height: auto; border: 1px solid #eceef0; }
+figure { margin: 18px 0 26px; overflow-x: auto; }
+figure img { max-width: 100%; height: auto; border: 1px solid #eceef0; }
 figcaption { color: #5b6570; font-size: 13px; }
 pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 12.5px; border-radius: 4px; }
 details summary { cursor: pointer; color: #3a7bd5; margin: 6px 0; }
+@media (max-width: 640px) { main { padding: 16px 12px 40px; } h1 { font-size: 21px; }
+                            figure img { max-width: none; width: 600px; } }
 """
 
 CAPTIONS = {
     "sweep_metrics": "Headline metrics against the swept parameter, one line per variant.",
-    "ttft_cdf": "Time to first token: the fraction of requests served within each time.",
+    "latency_throughput": "Latency against output throughput: up and to the right, the engine "
+                          "saturates.",
+    "latency_cdfs": "The fraction of requests within each TTFT and TPOT, and of inter-token gaps "
+                    "within each inter-token latency (vLLM's inter_token_latency: one per request "
+                    "and step that gives it tokens).",
+    "ttft_vs_arrival": "Each request's TTFT against when it arrived; the line is the mean per "
+                       "interval.",
+    "goodput": "Requests per second that meet a latency SLO, as the SLO is tightened or loosened "
+               "(kvsim report --goodput ttft:MS tpot:MS e2el:MS sets one, as vllm bench serve does).",
     "hit_lengths": "Per request: prompt tokens requested vs tokens served from the prefix cache.",
+    "hit_rate_over_time": "Share of queried prompt tokens served from the prefix cache, per "
+                          "interval of simulated time.",
     "kv_usage": "KV cache usage, and the running and waiting queues, over simulated time.",
+    "batch_tokens": "Mean prefill and decode tokens per engine step, per interval of simulated "
+                    "time, against the token budget.",
     "preemptions": "Cumulative preemptions over simulated time.",
     "acceptance_by_position": "Share of verify steps whose i-th draft token was accepted.",
 }
 
-HEADS = {"ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms", "tpot_p50_ms": "TPOT p50 ms",
-         "e2e_mean_s": "E2E mean s", "requests_per_s": "req/s", "output_tokens_per_s": "out tok/s",
+HEADS = {"ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "tpot_p50_ms": "TPOT p50",
+         "e2e_mean_s": "E2E mean", "requests_per_s": "req/s", "output_tokens_per_s": "out tok/s",
          "prefix_cache_hit_rate": "hit rate %", "mean_cached_tokens": "mean hit tokens",
-         "num_preemptions": "preemptions", "mean_acceptance_length": "accept len"}
+         "num_preemptions": "preempt&shy;ions", "mean_acceptance_length": "accept len",
+         "goodput_req_s": "goodput req/s"}
+LATENCY = {"ttft_p50_ms": 1e-3, "ttft_p99_ms": 1e-3, "tpot_p50_ms": 1e-3, "e2e_mean_s": 1.0}
+
+
+def _head(key: str) -> str:
+    """A column's heading; a dotted key may break after its dots."""
+    return HEADS.get(key) or "<wbr>".join(html.escape(p + ".") for p in key.split(".")).rstrip(".")
+
+
+def _seconds(v: float) -> str:
+    """A latency in the unit it reads best in: 69.41 ms, 11.55 s, 44.88 min."""
+    unit, scale = time_unit(v)
+    return f"{v * scale:,.2f} {unit}"
 
 
 def _cell(key: str, value: str) -> str:
     if value == "" or key not in HEADS:
         return html.escape(value or "–")
     v = float(value)
+    if key in LATENCY:
+        return _seconds(v * LATENCY[key])
     if key == "prefix_cache_hit_rate":
         return f"{100 * v:.1f}"
     if key in ("mean_cached_tokens", "num_preemptions", "output_tokens_per_s"):
@@ -288,18 +335,20 @@ def _cell(key: str, value: str) -> str:
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(HEADS.get(c, c))}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(c, r[c])}</td>" for c in columns) + "</tr>" for r in rows)
+    head = "".join(f"<th>{_head(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c, r.get(c, ''))}</td>" for c in columns) + "</tr>"
+                   for r in rows)
     return f'<div class="table-wrap"><table><tr>{head}</tr>{body}</table></div>'
 
 
-def _run_table(s: dict) -> str:
+def _run_table(s: dict, good: str | None) -> str:
     rows = []
-    for key, label, scale in (("ttft_s", "TTFT (ms)", 1e3), ("tpot_s", "TPOT (ms)", 1e3),
-                              ("e2e_s", "E2E (s)", 1)):
-        d = s[key]
-        rows.append([label] + (["–"] * 4 if d is None else
-                               [f"{d[q] * scale:,.2f}" for q in ("p50", "p90", "p99", "mean")]))
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"), ("queue_s", "queue")):
+        d = s.get(key)
+        if d is None:
+            rows.append([label] + ["–"] * 4)
+            continue
+        rows.append([label] + [_seconds(d[q]) for q in ("p50", "p90", "p99", "mean")])
     table = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
     t = s["throughput"]
     facts = [("requests finished", f"{s['num_finished']:,} of {s['num_requests']:,}"),
@@ -311,6 +360,8 @@ def _run_table(s: dict) -> str:
               "tokens hit"),
              ("preemptions", f"{s['num_preemptions']:,}"),
              ("KV pool", f"{s['num_gpu_blocks']:,} blocks of {s['block_size']} tokens")]
+    if good is not None:
+        facts.append(("goodput", good))
     fact_rows = "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>" for a, b in facts)
     return (f'<div class="table-wrap"><table><tr><th></th><th>p50</th><th>p90</th><th>p99</th>'
             f"<th>mean</th></tr>{table}</table></div><p></p>"
@@ -324,29 +375,30 @@ def _figure(png: Path) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def page(folder: Path) -> str:
+def page(folder: Path, slo: plots.Goodput = plots.NO_SLO) -> str:
     """The report's HTML (draws the figures into ``folder/plots`` first)."""
     kind, runs, rows = load_runs(folder)
-    figures = plots.write_figures(folder)
+    figures = plots.write_figures(folder, slo, runs)
     s = runs[0].summary
     title = {"run": "run", "compare": "comparison", "sweep": "sweep"}[kind]
-    def field(key: str) -> str:  # what the runs share, or every value when they differ
-        seen = list(dict.fromkeys(str(r.summary[key]) for r in runs))
-        return seen[0] if len(seen) == 1 else " / ".join(seen) + " (varied)"
-    meta = (f"kvsim {s['kvsim_version']} · vLLM {field('vllm_version')} semantics · "
-            f"{field('model')} on {field('hardware')} · cost model: {field('cost_model')}")
     parts = [f"<h1>kvsim {title}: {html.escape(folder.resolve().name)}</h1>",
-             f'<p class="meta">{html.escape(meta)}</p>',
+             f'<p class="meta">{html.escape(context_line([r.summary for r in runs]))}</p>',
              "<h2>What kvsim noticed</h2>",
              '<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>"
-                                            for n in notes(kind, runs, rows, folder)) + "</ul>",
+                                            for n in notes(kind, runs, rows, folder, slo)) + "</ul>",
              "<h2>Headline numbers</h2>"]
     if kind == "run":
-        parts.append(_run_table(s))
+        parts.append(_run_table(s, f"{plots.goodput(runs[0], slo):,.2f} req/s at {slo.describe()}"
+                                if slo.items() else None))
     else:
         # A sweep's rows are named by their keys' columns (the point names are in sweep.csv).
         first = ["variant"] if kind == "compare" else json.loads((folder / "sweep.json").read_text())["keys"]
-        parts.append(_table(rows, [*first, *COLUMNS[1:]]))
+        extra = []
+        if slo.items():
+            for row, run in zip(rows, runs):
+                row["goodput_req_s"] = str(plots.goodput(run, slo))
+            extra = ["goodput_req_s"]
+        parts.append(_table(rows, [*first, *COLUMNS[1:], *extra]))
     parts.append("<h2>Figures</h2>")
     parts += [_figure(p) for p in figures]
     parts.append("<h2>Scenario</h2>")
@@ -365,9 +417,9 @@ def page(folder: Path) -> str:
             f"</head><body><main>{''.join(parts)}</main></body></html>\n")
 
 
-def write(folder: Path, out: Path) -> None:
+def write(folder: Path, out: Path, slo: plots.Goodput = plots.NO_SLO) -> None:
     """Write the report of ``folder`` to ``out``. Raises ConfigError for a non-result folder."""
-    text = page(folder)
+    text = page(folder, slo)
     try:
         results.write_file(out, text)
     except OSError as exc:

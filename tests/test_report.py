@@ -63,8 +63,10 @@ def test_run_imports_matplotlib_only_for_plots(tmp_path):
                                str(out), "-q", *extra], capture_output=True, text=True, cwd=ROOT)
         assert done.stdout.strip() == expected, done.stderr
     figures = sorted(p.name for p in (tmp_path / "out1" / "plots").iterdir())
-    assert figures == sorted(f"{n}.{ext}" for n in ("ttft_cdf", "hit_lengths", "kv_usage", "preemptions",
-                                                     "acceptance_by_position") for ext in ("png", "svg"))
+    # One run: every figure but latency against throughput (which needs two runs or more).
+    assert figures == sorted(f"{n}.{ext}" for n in (
+        "latency_cdfs", "ttft_vs_arrival", "goodput", "hit_lengths", "hit_rate_over_time", "kv_usage",
+        "batch_tokens", "preemptions", "acceptance_by_position") for ext in ("png", "svg"))
     assert not (tmp_path / "out0" / "plots").exists()
 
 
@@ -103,7 +105,7 @@ def test_report_is_one_self_contained_page(halving, halving_report):
     assert not re.search(r'(src|href)="(?!data:)', text)
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', text)
     pngs = sorted((halving / "plots").glob("*.png"))
-    assert len(images) == len(pngs) == 5  # no speculative run without prefix caching lacks a figure
+    assert len(images) == len(pngs) == 10  # every figure applies: four runs, two with drafting
     assert sorted(base64.b64decode(i) for i in images) == sorted(p.read_bytes() for p in pngs)
     for variant in ("neither", "prefix caching", "mtp", "mtp + prefix caching"):
         assert f"<td>{variant}</td>" in text

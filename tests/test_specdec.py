@@ -186,3 +186,16 @@ def test_shared_prefix_hits_by_version(version, method):
 def test_disable_eagle_block_drop_032():
     # §3.1: 0.32.0 with disable_eagle_block_drop=True gives 800 for N = 800.
     assert shared_prefix_hit(800, method="eagle", version="0.32.0", disable_eagle_block_drop=True) == 800
+
+
+def test_the_oracle_driver_knows_every_method():
+    # The driver runs in vLLM's own environment without kvsim, so it keeps its own list.
+    import ast
+    from pathlib import Path
+
+    from kvsim import specdec
+
+    tree = ast.parse((Path(specdec.__file__).parent / "oracle" / "vllm_driver.py").read_text())
+    lists = [ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             and any(getattr(t, "id", None) == "SPEC_METHODS" for t in node.targets)]
+    assert [set(x) for x in lists] == [set(specdec.SPEC_METHODS) - {"none"}]

@@ -11,14 +11,17 @@ import math
 import random
 from typing import Any
 
+from kvsim import specdec
 from kvsim.semantics import semantics_for
+from kvsim.specdec import EAGLE_METHODS
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
+# The methods a trace draws from: kvsim's own list, EAGLE's family first.
+SPEC_METHODS = (*EAGLE_METHODS, *(m for m in specdec.SPEC_METHODS if m not in EAGLE_METHODS and m != "none"))
 
 
 def _groups(rng: random.Random, mml: int, budget: int) -> tuple[list[dict], int, int]:
@@ -161,7 +164,7 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
             engine["speculative"].update(num_speculative_tokens=k2, mtp_num_layers=k2)
             for r in requests:
                 r["accepted"] = [rng.randint(0, k2) for _ in r["accepted"]]
-    if spec and engine["speculative"]["method"] in ("eagle", "eagle3", "mtp") and rng.random() < 0.3:
+    if spec and engine["speculative"]["method"] in EAGLE_METHODS and rng.random() < 0.3:
         # 0.33: back from lookahead block hashes to the block drop (other releases drop anyway).
         engine["speculative"]["disable_lookahead_block_hashes"] = True
     return {"seed": seed, "engine": engine, "requests": requests}

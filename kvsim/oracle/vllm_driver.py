@@ -228,6 +228,8 @@ ENGINE_OPTIONAL = (
     "async_scheduling",
     "prefix_cache_retention_interval",
 )
+# kvsim.specdec's methods but "none" (this driver runs in vLLM's environment, without kvsim;
+# tests/test_specdec.py checks the two lists agree).
 SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
 SPEC_FLAGS = (
     "disable_eagle_block_drop",
