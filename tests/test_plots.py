@@ -233,3 +233,25 @@ def test_sweep_report_fits_desktop_and_phone(sweep, tmp_path, width):
     else:  # on a phone, the table scrolls inside its own box
         assert got["tables"][0][0] > got["tables"][0][1]
     assert not math.isnan(got["window"])
+
+
+def test_log_axes_label_only_what_has_room():
+    # A TTFT axis from 20 ms to 30 s: the decades alone, in ms then s ("10000" and "20000" side
+    # by side ran together); one within two decades also labels its 2s and 5s.
+    plt = plots._plt()
+    fig, (wide, narrow) = plt.subplots(1, 2)
+    wide.plot([20, 30000], [0, 1])
+    narrow.plot([20, 800], [0, 1])
+    plots._log(wide, "x", ms=True)
+    plots._log(narrow, "x", ms=True)
+    fig.canvas.draw()
+
+    def labels(ax, minor):
+        lo, hi = ax.get_xlim()
+        return [t.get_text() for t in ax.xaxis.get_ticklabels(minor=minor)
+                if t.get_text() and lo <= t.get_position()[0] <= hi]
+    assert labels(wide, False) == ["100 ms", "1 s", "10 s"]
+    assert labels(wide, True) == []
+    assert labels(narrow, False) == ["100 ms"]
+    assert labels(narrow, True) == ["20 ms", "50 ms", "200 ms", "500 ms"]
+    plt.close(fig)
