@@ -75,7 +75,7 @@ def _run(args) -> int:
     sc = load_scenario(path)
     out = Path(args.out) if args.out else _default_out(path.stem)
     progress = None if args.quiet else RunProgress()
-    if sc.cluster is not None:  # held in memory: its files group steps by replica
+    if sc.multi_engine:  # held in memory: its files group steps by replica and rank
         try:
             rec = engine.run(sc, build_requests(sc), progress=progress)
         finally:
@@ -191,6 +191,10 @@ def _validate_scheduler(args) -> int:
         raise ConfigError(f"{Path(args.scenario).name}: [cluster]", "validate checks one engine "
                           "against vLLM's Scheduler; remove the section (each replica is such an "
                           "engine)")
+    if sc.engine.data_parallel_size > 1:
+        raise ConfigError(f"{Path(args.scenario).name}: engine.data_parallel_size", "validate "
+                          "checks one engine against vLLM's Scheduler; set it to 1 (each rank is "
+                          "such an engine)")
     rows, scenario = validate.validate(sc, args.vllm, args.oracle_python)
     print(f"kvsim vs vLLM {args.vllm or sc.engine.vllm_version}'s Scheduler: "
           f"{len(scenario['requests'])} requests")

@@ -33,12 +33,20 @@ What the router sees of a replica (``Replica``), as a real router would:
 Block hashes are comparable across replicas because every replica that caches hashes in one
 id space (``share_hashes``), as vLLM's content hashes are equal on every replica of a
 deployment.
+
+A replica with ``data_parallel_size`` > 1 is a ``DPGroup``: its ranks are engines behind
+vLLM's own DP load balancer (``kvsim.dp``), and the router sees the group as one server
+(requests and pending tokens summed over the ranks, KV usage their mean, the best rank's
+prefix). A scenario without ``[cluster]`` but with data parallel runs here as one such group.
 """
 
 from __future__ import annotations
 
 import random
 
+from kvsim import dp
+from kvsim.assemble import cost_inputs
+from kvsim.cost.comm import ExpertExchange
 from kvsim.engine import Records, build_scheduler, simulate
 from kvsim.request import Request, Status
 from kvsim.sched import Scheduler
@@ -49,10 +57,11 @@ from kvsim.specdec import Acceptance
 class Replica:
     """One replica as the router sees it."""
 
-    __slots__ = ("index", "sched", "requests", "inbox", "_outstanding")
+    __slots__ = ("index", "dp_rank", "sched", "requests", "inbox", "_outstanding")
 
-    def __init__(self, index: int, sched: Scheduler):
+    def __init__(self, index: int, sched: Scheduler, dp_rank: int | None = None):
         self.index = index
+        self.dp_rank = dp_rank  # a DP group's rank
         self.sched = sched
         self.requests: list[Request] = []  # every request routed here, in routing order
         self.inbox: list[Request] = []  # routed, not yet handed to the engine loop
@@ -60,7 +69,7 @@ class Replica:
 
     def receive(self, req: Request) -> None:
         """The router sends ``req`` here."""
-        req.replica = self.index
+        req.replica, req.dp_rank = self.index, self.dp_rank
         self.requests.append(req)
         self.inbox.append(req)
         self._outstanding.append(req)
@@ -85,13 +94,39 @@ class Replica:
         return self.sched.kv.get_computed_blocks(req)[1]
 
 
+class DPGroup:
+    """A replica of data-parallel ranks, as the router sees it (``Replica``'s interface): one
+    server whose DP load balancer (``balancer``, set when the clock starts) picks the rank."""
+
+    def __init__(self, index: int, ranks: list[Replica]):
+        self.index = index
+        self.ranks = ranks
+        self.balancer: dp.Balancer | None = None
+
+    def receive(self, req: Request) -> None:
+        assert self.balancer is not None
+        self.ranks[self.balancer.route(req)].receive(req)
+
+    def num_requests(self) -> int:
+        return sum(r.num_requests() for r in self.ranks)
+
+    def pending_tokens(self) -> int:
+        return sum(r.pending_tokens() for r in self.ranks)
+
+    def kv_usage(self) -> float:
+        return sum(r.kv_usage() for r in self.ranks) / len(self.ranks)
+
+    def cached_tokens(self, req: Request) -> int:
+        return max(r.cached_tokens(req) for r in self.ranks)
+
+
 class Router:
     """Routes each request, at its arrival, to one replica by the configured policy.
 
     Ties go to the less loaded replica, then to the lower index (see each policy).
     """
 
-    def __init__(self, cfg: ClusterCfg, replicas: list[Replica], requests: list[Request],
+    def __init__(self, cfg: ClusterCfg, replicas: list[Replica | DPGroup], requests: list[Request],
                  seed: int):
         self.cfg = cfg
         self.replicas = replicas
@@ -123,7 +158,7 @@ class Router:
     def _random(self, req: Request) -> int:
         return self._rng.randrange(len(self.replicas))
 
-    def _load(self, rep: Replica) -> tuple:
+    def _load(self, rep: Replica | DPGroup) -> tuple:
         if self.cfg.load_metric == "kv_usage":
             return rep.kv_usage(), rep.num_requests()
         return (rep.num_requests(),)
@@ -138,7 +173,7 @@ class Router:
         its outstanding requests), then fewer pending tokens, fewer requests, lowest index."""
         w = self.cfg.load_weight
 
-        def key(rep: Replica):
+        def key(rep: Replica | DPGroup):
             pending = rep.pending_tokens()
             cached = rep.cached_tokens(req)
             return (-((1 - w) * cached - w * pending), pending, rep.num_requests(), rep.index)
@@ -180,24 +215,38 @@ class RoutedArrivals:
 
 def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None,
                 check_invariants: bool = False, progress=None) -> Records:
-    """Simulate ``requests`` (in arrival order) on the scenario's cluster; the records hold
-    every request (with its ``replica``), every replica's steps, and each replica's own
-    records in ``replicas``."""
-    assert sc.cluster is not None
-    n = sc.cluster.replicas
-    scenarios = [sc.replica(i) for i in range(n)]
-    replicas = [Replica(i, build_scheduler(s)) for i, s in enumerate(scenarios)]
-    # One hash id space for the replicas that cache (one with caching off never hashes, and
+    """Simulate ``requests`` (in arrival order) on the scenario's cluster, or on its one engine's
+    data-parallel ranks; the records hold every request (with its ``replica`` and
+    ``dp_rank``), every engine's steps, and each engine's own records in ``replicas``."""
+    scenarios = [sc.replica(i) for i in range(len(sc.engines))]
+    engines: list[Replica] = []  # every engine: each replica's ranks in rank order
+    replicas: list[Replica | DPGroup] = []  # what the router routes to
+    for i, s in enumerate(scenarios):
+        n = s.engine.data_parallel_size
+        ranks = [Replica(i, build_scheduler(s), r if n > 1 else None) for r in range(n)]
+        engines += ranks
+        replicas.append(ranks[0] if n == 1 else DPGroup(i, ranks))
+    # One hash id space for the engines that cache (one with caching off never hashes, and
     # its hashes may be keyed differently: no lookahead hashes without caching).
-    caching = [rep.sched.kv for rep in replicas if rep.sched.kv.enable_caching]
+    caching = [rep.sched.kv for rep in engines if rep.sched.kv.enable_caching]
     for kv in caching[1:]:
         kv.share_hashes(caching[0])
-    router = Router(sc.cluster, replicas, requests, sc.run.seed)
-    recs = [Records(requests=rep.requests) for rep in replicas]
+    # Data parallel alone: one replica, nothing for the router to choose.
+    cfg = sc.cluster or ClusterCfg(replicas=1, router="round_robin", load_metric="requests",
+                                   load_weight=0.5, deployment=None, engines=(sc.engine,))
+    router = Router(cfg, replicas, requests, sc.run.seed)
+    recs = [Records(requests=rep.requests, replica=rep.index, dp_rank=rep.dp_rank) for rep in engines]
     if progress is not None:
         progress = _ClusterProgress(progress, requests)
-    simulate([(scenarios[i], replicas[i].sched, RoutedArrivals(router, replicas[i]), recs[i])
-              for i in range(n)], accept, check_invariants, progress)
+
+    def links(env, costs):
+        out: list[dp.RankLink | None] = [None] * len(engines)
+        for group in replicas:
+            if isinstance(group, DPGroup):
+                _start_group(env, group, scenarios[group.index], engines, costs, out)
+        return out
+    simulate([(scenarios[e.index], e.sched, RoutedArrivals(router, e), rec) for e, rec in zip(engines, recs)],
+             accept, check_invariants, progress, links=links)
     return Records(
         requests=requests, steps=[s for r in recs for s in r.steps],
         end_s=max(r.end_s for r in recs),
@@ -205,6 +254,28 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
         cost_label=" / ".join(dict.fromkeys(r.cost_label for r in recs)), replicas=recs,
         accepted_per_pos=(None if accept is None
                           else [sum(c) for c in zip(*(r.accepted_per_pos for r in recs))]))
+
+
+def _start_group(env, group: DPGroup, sc: Scenario, engines: list[Replica], costs: list,
+                 links: list) -> None:
+    """A DP group's coordinator, balancer and (an MoE model) lockstep, on the clock ``env``."""
+    rules = sc.engine.semantics.dp
+    moe = bool(sc.model.num_experts)
+    ranks = [dp.Rank(r.dp_rank or 0, r.sched) for r in group.ranks]
+    left: set[int] = set()
+    coordinator = dp.Coordinator(env, ranks, rules, moe, done=lambda: len(left) == len(ranks))
+    group.balancer = dp.Balancer(coordinator, rules, sc.engine.api_server_count)
+    first = engines.index(group.ranks[0])
+    lockstep = None
+    if moe:
+        def busy(i: int) -> bool:
+            rep = group.ranks[i]
+            return bool(rep.sched.num_unfinished or rep.inbox)
+        lockstep = dp.Lockstep(env, ranks, costs[first:first + len(ranks)],
+                               ExpertExchange(cost_inputs(sc), len(ranks)), rules, busy)
+    for i, rank in enumerate(ranks):
+        links[first + i] = dp.RankLink(rank, coordinator, lockstep, left)
+    env.process(coordinator.run())
 
 
 class _ClusterProgress:

@@ -316,6 +316,16 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     if tp > 1 and hw.interconnect_bandwidth_bytes_per_s is None:
         raise ConfigError(f"{file}: hardware.interconnect_bandwidth_bytes_per_s",
                           f"needed for tensor_parallel_size {tp} (each layer's all-reduces)")
+    dp = e["data_parallel_size"]
+    if dp > 1 and model.num_experts and hw.interconnect_bandwidth_bytes_per_s is None:
+        raise ConfigError(f"{file}: hardware.interconnect_bandwidth_bytes_per_s",
+                          f"needed for data_parallel_size {dp} with an MoE model (each MoE layer "
+                          "gathers and scatters the ranks' tokens)")
+    if e["enable_expert_parallel"] and not model.num_experts:
+        raise ConfigError(f"{where}.enable_expert_parallel", f"{model.name} has no experts (a dense "
+                          "model)")
+    if e["api_server_count"] is None:
+        e["api_server_count"] = dp  # vllm serve's default with the internal DP load balancer
     # vLLM's own start-up checks (SchedulerConfig.verify_max_model_len).
     mnbt, mml = e["max_num_batched_tokens"], e["max_model_len"]
     if not e["enable_chunked_prefill"] and mnbt < mml:
@@ -376,7 +386,7 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
             avail = e["kv_cache_memory_bytes"]
         else:
             avail, parts = estimate_kv_cache_bytes(model, hw.memory_bytes, e["gpu_memory_utilization"], tp,
-                                                   mnbt, e["max_num_seqs"])
+                                                   mnbt, e["max_num_seqs"], dp)
             if avail <= 0:
                 raise ConfigError(f"{where}.num_gpu_blocks",
                                   f"no memory left for the KV cache: {hw.memory_bytes / GiB:.1f} GiB × "
@@ -601,12 +611,18 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     if model.num_experts and not 1 <= model.num_experts_per_tok <= model.num_experts:
         raise ConfigError(f"{file}: model.num_experts_per_tok", f"must be between 1 and num_experts "
                           f"({model.num_experts}) for an MoE model, got {model.num_experts_per_tok}")
+    if model.attention_type == "mla" and model.kv_lora_rank <= 0:
+        # MLA caches one latent of kv_lora_rank + qk_rope_head_dim values a token.
+        raise ConfigError(f"{file}: model.kv_lora_rank", f"must be above 0 for attention_type 'mla' "
+                          f"(the cached latent's width), got {model.kv_lora_rank}")
     hardware = _build(HardwareCfg, _section(raw, "hardware", file))
     cc = hardware.compute_capability
     if cc is not None and not re.fullmatch(r"\d{1,2}\.\d", cc):
         raise ConfigError(f"{file}: hardware.compute_capability", f"must be 'major.minor' like "
                           f"'9.0', got {cc!r}")
     engine = _engine(raw, file, model, hardware)
+    if "cluster" not in raw:
+        _check_cluster_size(f"{file}: engine.data_parallel_size", [engine])
     speculative = _speculative(raw, file, engine, model)
     workload = _workload(raw, file, path.parent if path else None)
     if (workload.acceptance_rate_mean is not None and speculative.enabled
@@ -660,8 +676,13 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
 
 
 def _check_cluster_size(where: str, engines: list[EngineCfg]) -> None:
-    """Every replica's pool is built: together within what kvsim holds."""
-    blocks = sum(e.num_gpu_blocks for e in engines)
+    """Every replica's pools (one per data-parallel rank) are built: together within what
+    kvsim holds."""
+    ranks = sum(e.data_parallel_size for e in engines)
+    if ranks > MAX_REPLICAS:
+        raise ConfigError(where, f"{len(engines):,} replicas of their data_parallel_size make "
+                          f"{ranks:,} engines, more than kvsim runs ({MAX_REPLICAS:,})")
+    blocks = sum(e.num_gpu_blocks * e.data_parallel_size for e in engines)
     if blocks > MAX_GPU_BLOCKS:
         raise ConfigError(where, f"{len(engines):,} replicas hold {blocks:,} blocks in all, more "
                           f"than kvsim holds ({MAX_GPU_BLOCKS:,}); set engine.num_gpu_blocks "

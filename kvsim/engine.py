@@ -68,9 +68,16 @@ class Records:
     cost_label: str = ""
     # vLLM's num_accepted_tokens_per_pos (speculative decoding only; a cluster's summed).
     accepted_per_pos: list[int] | None = None
-    # A cluster run: each replica's own records (its requests and steps), in replica order;
-    # ``steps`` above then holds every replica's steps, replica by replica.
+    # A cluster or data-parallel run: each engine's own records (its requests and steps), in
+    # replica order, a replica's ranks in rank order; ``steps`` above then holds every
+    # engine's steps, engine by engine.
     replicas: list[Records] | None = None
+    # Which engine these are the records of (in a ``replicas`` list): the cluster replica
+    # and, with data parallel, the rank.
+    replica: int = 0
+    dp_rank: int | None = None
+    # An MoE model's DP rank: the dummy batches it ran in lockstep waves, having nothing to run.
+    num_dummy_steps: int = 0
 
 
 class ArrivalSource(Protocol):
@@ -148,7 +155,7 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
     """
     if accept is None and sc.speculative.enabled:
         accept = acceptance_for(sc)
-    if sc.cluster is not None:
+    if sc.multi_engine:
         from kvsim.cluster import run_cluster  # it builds on this module
 
         if results is not None:
@@ -164,9 +171,11 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
 
 def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records]],
              accept: Acceptance | None,
-             check_invariants: bool = False, progress=None, results=None) -> None:
+             check_invariants: bool = False, progress=None, results=None, links=None) -> None:
     """Run one engine loop per ``(scenario, scheduler, arrivals, records)`` on one clock until
     none has anything left to do; each fills its records (a lone engine: or ``results``).
+    ``links(env, costs)``, if given, makes the engines data-parallel ranks: it returns each
+    engine's ``kvsim.dp.RankLink`` (or None) and starts the DP coordinators' processes.
 
     A lone engine fed by ``Arrivals`` keeps its steadily decoding requests lazily
     (``kvsim.fastforward``) and trims its interned block hashes; replicas behind a router
@@ -175,13 +184,14 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
     env = simpy.Environment()
     tallies = []
     alone = len(engines) == 1 and type(engines[0][2]) is Arrivals
-    for sc, sched, arrivals, rec in engines:
-        cost = COST_MODELS[sc.cost.model](cost_inputs(sc))
+    costs = [COST_MODELS[sc.cost.model](cost_inputs(sc)) for sc, _, _, _ in engines]
+    rank_links = links(env, costs) if links is not None else [None] * len(engines)
+    for (sc, sched, arrivals, rec), cost, link in zip(engines, costs, rank_links):
         rec.cost_label = cost.label
         tally = AcceptanceTally(accept) if accept is not None else None
         tallies.append(tally)
         env.process(_engine_loop(env, sc, sched, cost, tally, rec, arrivals, check_invariants,
-                                 progress, results if alone else None, alone))
+                                 progress, results if alone else None, alone, link))
     env.run()
     for (sc, _, _, rec), tally in zip(engines, tallies):
         if tally is not None:
@@ -189,7 +199,21 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
 
 
 def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
-                 results=None, alone=False):
+                 results=None, alone=False, link=None):
+    """One engine core's loop; ``link`` (a ``kvsim.dp.RankLink``) makes it a data-parallel
+    rank: it reports its counts to the DP coordinator, and an MoE model's rank steps in
+    lockstep with the others (``link.lockstep``)."""
+    lockstep = link.lockstep if link is not None else None
+    try:
+        yield from _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
+                                 progress, results, alone, link, lockstep)
+    finally:
+        if link is not None:
+            link.leave()
+
+
+def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
+                  results, alone, link, lockstep):
     limits = sc.run
     add_step = rec.steps.append if results is None else results.step
 
@@ -218,6 +242,8 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
         for r in arrivals.arrived(now):
             r.join_step = step
             sched.add_request(r)
+        if link is not None:
+            link.report(now)  # before the step (DPEngineCoreProc._maybe_publish_request_counts)
         if lazy is not None and lazy.window_ahead(step, now, arrivals, last_step_s):
             done = yield from lazy.run_window(
                 env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps is None
@@ -242,6 +268,10 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
                     sched.num_unfinished and not sched.sem.batch_queue_fill_requires_execution)):
                 continue
         elif not queue:
+            if lockstep is not None and lockstep.running():  # the wave runs: a dummy batch
+                rec.num_dummy_steps += 1
+                yield from lockstep.step(link.rank.index, *lockstep.dummy(link.rank.index))
+                continue
             wake = arrivals.next_arrival_s()
             if wake is None:
                 break
@@ -262,9 +292,18 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
             else:
                 duration = cost.step_time_s(chunks, num_sampled)
                 draft = cost.draft_time_s(chunks, num_sampled)
-            yield env.timeout(duration + draft)
+            if lockstep is None:
+                yield env.timeout(duration + draft)
+            else:
+                tokens = plan.num_scheduled_tokens
+                yield from lockstep.step(link.rank.index, duration + draft, cost.moe_time_s(tokens),
+                                         tokens)
+                duration = env.now - start - draft  # the slowest rank's, and the exchange
             last_step_s = duration + draft
             arrivals.advance(env.now)  # a router decides before this step's outcome lands
+        elif lockstep is not None:  # nothing executed while the wave runs: a dummy batch
+            rec.num_dummy_steps += 1
+            yield from lockstep.step(link.rank.index, *lockstep.dummy(link.rank.index))
         end = env.now
         if lazy is None:
             first, finished = sched.update_from_output(plan, accept)
@@ -278,6 +317,8 @@ def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, 
             if accept is not None:
                 accept.forget(r)
         num_finished += len(finished)
+        if link is not None:
+            link.report(end)  # after the step
         if index is not None:
             add_step(_step_record(index, start, duration, draft, plan, sched))
         if results is not None:

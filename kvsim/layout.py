@@ -209,15 +209,20 @@ def derive_layout(model: ModelCfg, rules: LayoutRules, *, tp: int, kv_cache_dtyp
 
 
 def estimate_kv_cache_bytes(model: ModelCfg, memory_bytes: int, util: float, tp: int,
-                            max_num_batched_tokens: int, max_num_seqs: int) -> tuple[int, dict]:
+                            max_num_batched_tokens: int, max_num_seqs: int,
+                            dp: int = 1) -> tuple[int, dict]:
     """vLLM's "available KV cache memory", estimated without profiling.
 
     ``memory × gpu_memory_utilization − weights − activation peak − non-torch memory``, where
+    the weights are split over the ``tp`` GPUs, and an MoE model's routed experts over all
+    ``dp × tp`` GPUs of its data-parallel ranks (vLLM's FusedMoE shards them across the
+    flattened DP × TP group, whole experts with expert parallelism, slices without), where
     the activation peak stands in for vLLM's profile run (a ``max_num_batched_tokens`` forward
     pass: MLP intermediate and residual stream, plus float32 logits for ``max_num_seqs``
     sampled rows) and non-torch memory (CUDA context, graphs, NCCL) is taken as 1 GiB.
     """
-    weights = model.weight_bytes // tp
+    experts = model.routed_expert_bytes
+    weights = (model.weight_bytes - experts) // tp + experts // (tp * dp)
     activation = (max_num_batched_tokens * (2 * model.intermediate_size // tp + 4 * model.hidden_size)
                   * model.dtype_bytes + max_num_seqs * model.vocab_size * 4)
     non_torch = 1 * GiB

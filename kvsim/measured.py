@@ -152,16 +152,13 @@ def load_run(folder: Path) -> MeasuredRun:
     meta = _read_json(folder / "vllm" / "meta.json")
     cluster = _read_json(folder / "config.json")
     try:
-        kwargs = meta["engine_kwargs"]
+        if not isinstance(meta["engine_kwargs"], dict):
+            raise TypeError
         hf_model = meta["model"]
         instance = cluster["nodes"][0]["instances"][0]
     except (KeyError, IndexError, TypeError):
         raise ConfigError(str(folder), "meta.json needs model and engine_kwargs, config.json "
                           "nodes[0].instances[0]") from None
-    if kwargs.get("data_parallel_size", 1) != 1:
-        raise ConfigError(str(folder / "vllm" / "meta.json"),
-                          f"data_parallel_size {kwargs['data_parallel_size']}: a multi-replica run "
-                          "(kvsim replays one engine)")
     model = _model_preset(hf_model, str(folder / "vllm" / "meta.json"))
     hardware = _hardware(meta, instance, folder)
     recorded = _first(meta, "num_gpu_blocks") or _first(meta.get("cache_config") or {},
@@ -219,6 +216,11 @@ def scenario_table(run: MeasuredRun, profile: str | None) -> dict:
                    "max_num_batched_tokens": kw["max_num_batched_tokens"], **VLLM_DEFAULTS}
     if kw.get("max_model_len"):
         engine_keys["max_model_len"] = kw["max_model_len"]
+    if int(kw.get("data_parallel_size", 1)) > 1:
+        # The runs drive vLLM's AsyncLLM in one process: one DP load-balancing client.
+        engine_keys.update(data_parallel_size=int(kw["data_parallel_size"]),
+                           enable_expert_parallel=bool(kw.get("enable_expert_parallel", False)),
+                           api_server_count=1)
     if kw.get("kv_cache_dtype", "auto") != "auto":
         engine_keys["kv_cache_dtype"] = kw["kv_cache_dtype"]
     if run.num_gpu_blocks:
@@ -264,6 +266,8 @@ def compare(folder: Path, profile: str | None = None, overrides: dict | None = N
                      "kvsim_tpot_ms": 1e3 * (r.finish_s - r.first_token_s) / (n - 1) if n > 1 else None,
                      "vllm_latency_ms": m["latency_ms"],
                      "kvsim_latency_ms": 1e3 * (r.finish_s - r.arrival_s)})
+        if r.dp_rank is not None:  # the rank kvsim's DP balancer chose (the run does not say)
+            rows[-1]["kvsim_dp_rank"] = r.dp_rank
     table = []
     for metric, key in METRICS:
         v = _stats(x[f"vllm_{key}"] for x in rows)

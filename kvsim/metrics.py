@@ -81,12 +81,15 @@ class Results:
     same bytes and the same summary.
     """
 
-    def __init__(self, requests_out, steps_out, replicas: bool = False):
+    def __init__(self, requests_out, steps_out, replicas: bool = False, dp: bool = False):
+        # Engine columns: a cluster's or data-parallel run's replica, and with data parallel
+        # the rank.
+        engine = (("replica",) if replicas else ()) + (("dp_rank",) if dp else ())
         self._req = csv.writer(requests_out, lineterminator="\n")
-        self._req.writerow(REQUEST_COLUMNS + (("replica",) if replicas else ()))
-        self._replicas = replicas
+        self._req.writerow(REQUEST_COLUMNS + engine)
+        self._replicas, self._dp = replicas, dp
         self._steps = steps_out
-        steps_out.write(",".join((("replica",) if replicas else ()) + STEP_COLUMNS) + "\n")
+        steps_out.write(",".join(engine + STEP_COLUMNS) + "\n")
         self._pending: dict[int, object] = {}
         self._next_seq = 0
         self.num_requests = self.num_finished = self.num_preemptions = 0
@@ -101,9 +104,11 @@ class Results:
         self.usage = array("d")
         self.draft_s: float = 0
 
-    def step(self, s: StepRecord, replica: int | None = None) -> None:
+    def step(self, s: StepRecord, replica: int | None = None, dp_rank: int | None = None) -> None:
         if self._replicas:
             self._steps.write(f"{replica},")
+        if self._dp:
+            self._steps.write(f"{_fmt(dp_rank)},")
         self._steps.write(_STEP_LINE % _step_fields(s))
         self.num_steps += 1
         self.queries += s.prefix_cache_queries
@@ -127,7 +132,8 @@ class Results:
     def write_request(self, r) -> None:
         """Write ``r``'s row now and count it."""
         row = _request_values(r)
-        self._req.writerow([_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else []))
+        self._req.writerow([_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else [])
+                           + ([_fmt(r.dp_rank)] if self._dp else []))
         self.num_requests += 1
         ttft, tpot, e2e, queue = (row[_COLUMN[k]] for k in ("ttft_s", "tpot_s", "e2e_s", "queue_s"))
         self.last_arrival_s = max(self.last_arrival_s, r.arrival_s)
@@ -230,12 +236,13 @@ class _Discard:
 def _in_memory(rec: Records, req=None, steps=None) -> Results:
     """``rec`` through ``Results``: requests in list order, steps replica by replica."""
     cluster = rec.replicas is not None
+    dp = cluster and any(r.dp_rank is not None for r in rec.replicas or ())
     res = Results(_Discard if req is None else req, _Discard if steps is None else steps,
-                  cluster)
+                  cluster, dp)
     if rec.replicas is not None:
-        for i, replica in enumerate(rec.replicas):
+        for replica in rec.replicas:
             for s in replica.steps:
-                res.step(s, i)
+                res.step(s, replica.replica, replica.dp_rank)
     else:
         for s in rec.steps:
             res.step(s)
@@ -299,18 +306,28 @@ _RUN_KEYS = ("kvsim_version", "vllm_version", "model", "hardware", "cost_model",
 
 
 def _cluster_summary(sc: Scenario, rec: Records) -> dict:
-    """A cluster run: the router and, per replica, the summary of its own requests and steps."""
+    """A cluster or data-parallel run: the router and, per engine (replica, and rank with
+    data parallel), the summary of its own requests and steps."""
     if rec.replicas is None:
         return {}
-    c = sc.cluster
-    assert c is not None  # replicas come from a [cluster]
     per = []
-    for i, r in enumerate(rec.replicas):
-        s = summarize(sc.replica(i), r)
-        per.append({"replica": i, **{k: v for k, v in s.items() if k not in _RUN_KEYS}})
+    for r in rec.replicas:
+        s = summarize(sc.replica(r.replica), r)
+        rank = {} if r.dp_rank is None else {"dp_rank": r.dp_rank,
+                                             "num_dummy_steps": r.num_dummy_steps}
+        per.append({"replica": r.replica, **rank, **{k: v for k, v in s.items() if k not in _RUN_KEYS}})
+    blocks = sum(int(e.num_gpu_blocks) * e.data_parallel_size for e in sc.engines)
+    c = sc.cluster
+    if c is None:
+        e = sc.engine
+        return {"data_parallel": {"data_parallel_size": e.data_parallel_size,
+                                  "enable_expert_parallel": e.enable_expert_parallel,
+                                  "api_server_count": e.api_server_count,
+                                  "lockstep": bool(sc.model.num_experts),
+                                  "num_gpu_blocks_total": blocks},
+                "replicas": per}
     return {"cluster": {"replicas": c.replicas, "router": c.router, "load_metric": c.load_metric,
-                        "load_weight": c.load_weight,
-                        "num_gpu_blocks_total": sum(int(e.num_gpu_blocks) for e in c.engines)},
+                        "load_weight": c.load_weight, "num_gpu_blocks_total": blocks},
             "replicas": per}
 
 
@@ -421,15 +438,23 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     lines.append(f"KV usage      mean {100 * s['kv_usage']['mean']:.1f} %, max "
                  f"{100 * s['kv_usage']['max']:.1f} % of {s['num_gpu_blocks'] - 1} usable blocks"
                  f"{derived if s['num_gpu_blocks_derived'] else ''}")
-    if "cluster" in s:
-        c = s["cluster"]
-        lines.append(f"cluster       {c['replicas']} replicas, router {c['router']}")
+    if "cluster" in s or "data_parallel" in s:
+        if "cluster" in s:
+            c = s["cluster"]
+            lines.append(f"cluster       {c['replicas']} replicas, router {c['router']}")
+        else:
+            d = s["data_parallel"]
+            lines.append(f"data parallel {d['data_parallel_size']} ranks behind vLLM's DP load balancer "
+                         f"({d['api_server_count']} API server{'s' if d['api_server_count'] > 1 else ''}), "
+                         + ("in lockstep (MoE)" if d["lockstep"] else "stepping independently")
+                         + (", expert parallel" if d["enable_expert_parallel"] else ""))
         lines.append(f"{'  replica':14}{'requests':>10}{'hit %':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
                      f"{'KV mean %':>10}")
         for r in s["replicas"]:
             t = r["ttft_s"]
             hit = r["prefix_cache_hit_rate"]
-            lines.append(f"{'  ' + str(r['replica']):14}{r['num_requests']:>10}"
+            name = str(r["replica"]) + (f" rank {r['dp_rank']}" if "dp_rank" in r else "")
+            lines.append(f"{'  ' + name:14}{r['num_requests']:>10}"
                          + (f" {100 * hit:>9.1f}" if hit is not None else f"{'-':>10}")
                          + (f" {1e3 * t['p50']:>9.2f} {1e3 * t['p99']:>9.2f}" if t else f"{'-':>10}" * 2)
                          + f" {100 * r['kv_usage']['mean']:>9.1f}")

@@ -92,6 +92,18 @@ class ModelCfg:
                 + self.quantized_params * 17 // 32)
 
     @property
+    def routed_expert_bytes(self) -> int:
+        """Bytes of the routed experts' weights: a token reads top-k of the N experts, so the
+        inactive part of the parameters, ``num_params − num_active_params``, is (N − k) / N of
+        them (0 for a dense model)."""
+        n, k = self.num_experts, self.num_experts_per_tok
+        if not n or self.num_active_params is None or n <= k:
+            return 0
+        params = (self.num_params - self.num_active_params) * n // (n - k)
+        quantized = min(self.quantized_params, params)
+        return (params - quantized) * self.dtype_bytes + quantized * 17 // 32
+
+    @property
     def active_params(self) -> int:
         return self.num_active_params or self.num_params
 

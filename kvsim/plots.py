@@ -275,19 +275,24 @@ def inter_token_latencies(run: Variant) -> tuple[np.ndarray, np.ndarray, int]:
     A request that was never preempted runs in every engine step from its first token's to its
     last's, so its latencies are the gaps between those steps' ends (with no drafting, their
     count is its output tokens less one); a preempted one waits between some of them, in steps
-    requests.csv does not name, so it is left out. A cluster's steps are taken replica by
-    replica."""
+    requests.csv does not name, so it is left out. A cluster's or data-parallel run's steps are
+    taken engine by engine (replica, and rank)."""
     req, st = run.requests, run.steps
     keep = (req["num_preemptions"] == 0) & np.isfinite(req["finish_step"])
     excluded = int(np.count_nonzero(req["num_preemptions"] > 0))
     values, weights = [], []
-    for rep in (np.unique(st["replica"]) if "replica" in st else [None]):
-        mine = np.ones(len(st["step"]), bool) if rep is None else st["replica"] == rep
+    keys = [k for k in ("replica", "dp_rank") if k in st]
+    engines = sorted({tuple(row) for row in zip(*(st[k] for k in keys))}) if keys else [()]
+    for ident in engines:
+        mine = np.ones(len(st["step"]), bool)
+        r = keep.copy()
+        for k, v in zip(keys, ident):
+            mine &= st[k] == v
+            r &= req[k] == v
         order = np.argsort(st["step"][mine], kind="stable")
         steps, end = st["step"][mine][order], ends(st)[mine][order]
         if len(steps) < 2:
             continue
-        r = keep if rep is None else keep & (req["replica"] == rep)
         first = np.searchsorted(steps, req["first_token_step"][r])
         last = np.searchsorted(steps, req["finish_step"][r])
         count = np.zeros(len(steps) + 1)

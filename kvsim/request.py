@@ -138,7 +138,7 @@ class Request:
         "accepted_trace", "group_keys", "num_output_placeholders", "num_in_flight_tokens",
         "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
-        "first_scheduled_s", "first_token_s", "finish_s", "session_id", "replica",
+        "first_scheduled_s", "first_token_s", "finish_s", "session_id", "replica", "dp_rank",
         "rank", "lz_sched", "lz_upd", "lz_in",
     )
 
@@ -182,6 +182,7 @@ class Request:
         self.finish_s: float | None = None
         self.session_id = spec.session_id
         self.replica: int | None = None  # a cluster's router sets it on arrival
+        self.dp_rank: int | None = None  # and a replica's DP load balancer its rank
         # Running-list order: larger ranks were admitted later (the scheduler sets it).
         self.rank = 0
         # Lazy decode (kvsim.fastforward): None, or the step from which the counters above

@@ -142,6 +142,21 @@ ENGINE_KEYS = (
         choices=("auto", *KV_CACHE_DTYPE_BYTES)),
     Key("tensor_parallel_size", "int", 1, "GPUs per replica: weights, KV heads and FLOPs are split "
         "across them; each layer's two all-reduces cross `[hardware]`'s interconnect.", low=1),
+    Key("data_parallel_size", "int", 1, "Data-parallel ranks (`--data-parallel-size`): engines of "
+        "`tensor_parallel_size` GPUs each, with their own KV cache, behind vLLM's DP load "
+        "balancer (each release's rule, from the counts its coordinator publishes every 100 ms). "
+        "A dense model's ranks step independently; an MoE model's step in lockstep (an idle rank "
+        "runs dummy steps; a step lasts as long as the slowest rank). `num_gpu_blocks` is each "
+        "rank's pool. See Data parallel.", low=1, high=MAX_REPLICAS),
+    Key("enable_expert_parallel", "bool", False, "MoE: the routed experts are split whole across "
+        "the `data_parallel_size × tensor_parallel_size` GPUs (`--enable-expert-parallel`); "
+        "without it, vLLM shards every expert over the same GPUs. Either way each GPU holds "
+        "1 / (DP × TP) of the experts' weights and its MoE layers run over all ranks' tokens, "
+        "gathered and scattered across `[hardware]`'s interconnect."),
+    Key("api_server_count", "int", None, "Front-end processes, each its own DP load-balancing "
+        "client with its own counts (`--api-server-count`; default as `vllm serve`: "
+        "`data_parallel_size`). Requests are taken by them in turn.", low=1, high=MAX_REPLICAS,
+        derived=True),
     Key("enable_prefix_caching", "bool", True, "Automatic prefix caching."),
     Key("max_num_batched_tokens", "int", None, "Token budget per step. Default as `vllm serve`: "
         "8192 on a device with >= 70 GiB that is not an A100 (16384 at >= 160 GiB from vLLM 0.32), "
@@ -335,8 +350,6 @@ CLUSTER_KEYS = (
 # vLLM's names for what kvsim takes under another key, or does not model: an unknown key with
 # one of these names is answered with this, not with a look-alike key's name.
 VLLM_NAMES: dict[tuple[str, str], str] = {
-    ("engine", "data_parallel_size"): "vLLM's data parallel (one API server over several "
-    "engines) is not modelled yet; independent engines behind a router are [cluster] replicas",
     ("engine", "pipeline_parallel_size"): "pipeline parallelism is not modelled",
     ("engine", "model"): "the model is [model] preset (a name or Hugging Face id) or config",
     ("engine", "speculative_config"): "speculative decoding is the [speculative] section",
@@ -387,6 +400,9 @@ class EngineCfg:
     kv_cache_memory_bytes: int | None
     kv_cache_dtype: str
     tensor_parallel_size: int
+    data_parallel_size: int
+    enable_expert_parallel: bool
+    api_server_count: int
     enable_prefix_caching: bool
     max_num_batched_tokens: int
     max_num_seqs: int
@@ -518,9 +534,21 @@ class Scenario:
     run: RunCfg
     cluster: ClusterCfg | None = None  # None: one engine, no router (a plain run)
 
+    @property
+    def engines(self) -> tuple[EngineCfg, ...]:
+        """Each replica's engine: the cluster's, or the one ``[engine]``."""
+        return self.cluster.engines if self.cluster is not None else (self.engine,)
+
+    @property
+    def multi_engine(self) -> bool:
+        """Several engines run: a cluster's replicas, or data-parallel ranks."""
+        return self.cluster is not None or any(e.data_parallel_size > 1 for e in self.engines)
+
     def replica(self, i: int) -> Scenario:
         """The scenario replica ``i`` of the cluster runs (its own engine settings)."""
-        assert self.cluster is not None
+        if self.cluster is None:
+            assert i == 0
+            return self
         return replace(self, engine=self.cluster.engines[i], cluster=None)
 
 

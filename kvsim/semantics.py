@@ -9,10 +9,36 @@ cases in ``tests/fixtures/``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from kvsim.kv.hybrid import HybridRules
 from kvsim.layout import LayoutRules
 from kvsim.model import GiB
+
+
+@dataclass(frozen=True, slots=True)
+class DPRules:
+    """Data parallel (``--data-parallel-size``): how the front end's ``DPLBAsyncMPClient``
+    picks a rank (v1/engine/core_client.py ``get_core_engine_for_request``) from the counts the
+    DP coordinator publishes (v1/engine/coordinator.py), and how MoE ranks' lockstep waves end
+    (v1/engine/core.py ``DPEngineCoreProc``)."""
+
+    # "waiting4": score 4 × waiting + running (0.19 core_client.py:1354, 0.22 :1399);
+    # "inflight": max(client_count × in-flight, waiting + running), plus waiting × 6 ×
+    # max(0, kv_usage − 0.5) when requests wait (0.32 :1671-1679, 0.33 :1786-1794).
+    score: Literal["waiting4", "inflight"]
+    # The scan's start rank moves on by one after every balanced pick (0.32+), so ties
+    # alternate; before, it stays at the client's own start.
+    rotate_start: bool
+    # A dense model's ranks publish their counts too (0.32+: EngineCoreProc before and after
+    # each step); before, only MoE ranks (DPEngineCoreProc) did, and the coordinator repeats
+    # all-zero counts every 5 s.
+    dense_ranks_publish: bool
+    # MoE waves: the all-reduce of "any rank has unfinished requests" runs every this many
+    # loop steps (0.19/0.22: 32; 0.32+: ParallelConfig.dp_sync_interval, 16), and also at a
+    # wave's first step from 0.32.
+    sync_interval: int
+    sync_at_first_step: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +153,7 @@ class Semantics:
     # 0.32 adding the backends' kernel alignment and 128 for MLA, 0.33 the Mamba prefill
     # checkpoint alignment) and the mamba_cache_mode values (config/cache.py MambaCacheMode).
     layout: LayoutRules
+    dp: DPRules
 
     def serve_batch_defaults(self, memory_bytes: int, device_name: str,
                              capability: tuple[int, int] | None) -> tuple[int, int]:
@@ -178,6 +205,8 @@ _V033 = Semantics(
     has_mamba_prefill_checkpoints=True,
     layout=LayoutRules(hybrid_align="platform", hybrid_backend_alignment=True,
                        hybrid_checkpoint_alignment=True, mamba_cache_modes=("align", "none")),
+    dp=DPRules(score="inflight", rotate_start=True, dense_ranks_publish=True, sync_interval=16,
+               sync_at_first_step=True),
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 hybrid=replace(_V033.hybrid, mamba_tail_rekey="always", junction_eagle_tail=False),
@@ -205,7 +234,9 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tie
                 has_mamba_prefill_checkpoints=False,
                 layout=LayoutRules(hybrid_align="platform", hybrid_backend_alignment=False,
                                    hybrid_checkpoint_alignment=False,
-                                   mamba_cache_modes=("all", "align", "none")))
+                                   mamba_cache_modes=("all", "align", "none")),
+                dp=DPRules(score="waiting4", rotate_start=False, dense_ranks_publish=False,
+                           sync_interval=32, sync_at_first_step=False))
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,

@@ -27,6 +27,9 @@ from kvsim.scenario_text import toml_value
 # vLLM's destination -> kvsim [engine] key (vLLM's own names) and value type.
 ENGINE_FLAGS: dict[str, tuple[str, str]] = {
     "tensor_parallel_size": ("tensor_parallel_size", "int"),
+    "data_parallel_size": ("data_parallel_size", "int"),
+    "enable_expert_parallel": ("enable_expert_parallel", "bool"),
+    "api_server_count": ("api_server_count", "int"),
     "max_num_batched_tokens": ("max_num_batched_tokens", "int"),
     "max_num_seqs": ("max_num_seqs", "int"),
     "max_model_len": ("max_model_len", "int"),

@@ -234,11 +234,18 @@ def test_mtp_drafts_default_to_the_checkpoints_mtp_layers():
     ({"model": {"preset": "Llama-3.1-8B"}}, "model.preset", "(did you mean 'llama-3.1-8b'?)"),
     ({"engine": {"max_num_seq": 8}}, "engine.max_num_seq", "unknown key (did you mean 'max_num_seqs'?)"),
     # vLLM's own names for what kvsim takes elsewhere: said so, not a look-alike key.
-    ({"engine": {"data_parallel_size": 2}}, "engine.data_parallel_size",
-     "not a kvsim key: vLLM's data parallel"),
+    ({"engine": {"pipeline_parallel_size": 2}}, "engine.pipeline_parallel_size",
+     "not a kvsim key: pipeline parallelism"),
     ({"speculative": {"model": "x"}}, "speculative.model", "not a kvsim key: kvsim reads no drafter"),
 ])
 def test_suggestions_point_at_what_was_meant(sections, where, what):
     exc = error(**sections)
     assert exc.where == f"scenario: {where}" and what in exc.what, exc
     assert "tensor_parallel_size" not in exc.what and "draft_model'?" not in exc.what
+
+
+def test_mla_without_a_latent_is_refused():
+    # Found by the bad-input property test: a preset made MLA by hand has kv_lora_rank 0, a
+    # zero-byte cache page (a division by zero when the pool was derived).
+    exc = error(model={"preset": "llama-3.2-1b", "attention_type": "mla"})
+    assert exc.where == "scenario: model.kv_lora_rank" and "above 0" in exc.what

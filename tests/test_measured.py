@@ -8,7 +8,6 @@ from builders import SHARED_DATA
 
 from kvsim import measured
 from kvsim.cli import main
-from kvsim.errors import ConfigError
 
 RUNS = SHARED_DATA / "llmservingsim" / "runs" / "RTXPRO6000"
 pytestmark = pytest.mark.skipif(not RUNS.is_dir(), reason="no ../shared/data/llmservingsim here")
@@ -44,9 +43,21 @@ def test_qwen_tp2_run_uses_the_runs_interconnect():
     assert abs(t[("TTFT", "Mean")]["diff_pct"]) < 5 and abs(t[("TPOT", "Mean")]["diff_pct"]) < 5
 
 
+def test_moe_run_replays_on_two_data_parallel_ranks():
+    sc, rows, t = _table(RUNS / "Qwen3-30B-A3B-Instruct-2507")
+    # meta.json: data_parallel_size 2, enable_expert_parallel; vLLM's AsyncLLM in one process
+    # (one DP client); the peer's summary: TTFT mean 1,086.0 ms, TPOT mean 47.3 ms.
+    e = sc.engine
+    assert (e.data_parallel_size, e.enable_expert_parallel, e.api_server_count) == (2, True, 1)
+    assert t[("TTFT", "Mean")]["vllm"] == pytest.approx(1086.0, abs=0.05)
+    assert t[("TPOT", "Mean")]["vllm"] == pytest.approx(47.3, abs=0.05)
+    assert len(rows) == 300 and {r["kvsim_dp_rank"] for r in rows} == {0, 1}
+    # The bar on TTFT mean and P99 and TPOT mean: within 5 % of the measurement.
+    for metric, stat in (("TTFT", "Mean"), ("TTFT", "P99"), ("TPOT", "Mean")):
+        assert abs(t[(metric, stat)]["diff_pct"]) < 5, (metric, stat)
+
+
 def test_bad_runs_are_one_line_errors(tmp_path, capsys):
-    with pytest.raises(ConfigError, match="data_parallel_size 2"):
-        measured.load_run(RUNS / "Qwen3-30B-A3B-Instruct-2507")
     run = tmp_path / "runs" / "x"
     shutil.copytree(RUNS / "Llama-3.1-8B", run)
     meta = json.loads((run / "vllm" / "meta.json").read_text())

@@ -54,3 +54,9 @@ class StepCost(Protocol):
                     decodes: tuple[int, int, int] | None = None) -> float: ...
 
     def draft_time_s(self, chunks: Sequence[tuple[int, int]], num_sampled: int) -> float: ...
+
+    def moe_time_s(self, tokens: float) -> float:
+        """Seconds, within a target step over ``tokens`` tokens, of reading the routed experts
+        those tokens touch (0 for a dense model): what an MoE model's data-parallel ranks
+        redo over all ranks' tokens on their share of the experts (``kvsim.dp.Lockstep``)."""
+        ...

@@ -246,6 +246,10 @@ class FittedCost:
         return (self.overhead_s + pass_time_s(self.target, feats)
                 + self.allreduce.time_s(feats[0], self.num_layers))
 
+    def moe_time_s(self, tokens: float) -> float:
+        """The profile's routed-expert term, ``a_moe × E(tokens)``."""
+        return self.target["a_moe_s"] * expert_share(tokens, *self.experts)
+
     def draft_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds the drafter adds: one pass over the step's chunks, then k − 1 one-row passes."""
         if self.drafter is None or not num_sampled:

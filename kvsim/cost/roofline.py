@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from kvsim.cost.base import CostInputs
 from kvsim.cost.comm import AllReduce
+from kvsim.cost.fitted import expert_share
 from kvsim.model import ModelCfg, kv_bytes_per_token
 
 
@@ -101,6 +102,8 @@ class RooflineCost:
         self.flops_per_s = inp.peak_flops_per_s * inp.compute_efficiency
         self.bytes_per_s = inp.mem_bandwidth_bytes_per_s * inp.bandwidth_efficiency
         self.overhead_s = inp.step_overhead_s
+        self.experts = (model.num_experts, model.num_experts_per_tok)
+        self.expert_read_s = model.routed_expert_bytes / tp / self.bytes_per_s
         self.drafter: _Pass | None = None
         self.num_draft_passes = 0
         self.draft_layers = 1
@@ -124,6 +127,11 @@ class RooflineCost:
         return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
                                                      self.bytes_per_s, decodes)
                 + self.allreduce.time_s(tokens, self.num_layers))
+
+    def moe_time_s(self, tokens: float) -> float:
+        """Reading the routed experts ``tokens`` tokens touch (the roofline reads every weight
+        each step; this is the experts' share of that read)."""
+        return self.expert_read_s * expert_share(tokens, *self.experts)
 
     def draft_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds the drafter adds to the step (0 without speculative decoding or for ngram)."""

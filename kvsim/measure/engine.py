@@ -275,6 +275,9 @@ def prepare(path: Path, local: bool = True):
     if sc.cluster is not None:
         raise ConfigError(f"{path.name}: [cluster]", "validation replays into one engine or "
                           "server; remove the section (each replica is such an engine)")
+    if sc.engine.data_parallel_size > 1:
+        raise ConfigError(f"{path.name}: engine.data_parallel_size", "validation replays into "
+                          "one engine or server; set it to 1 (each rank is such an engine)")
     if local:
         check_scenario(sc)
     specs = build_requests(sc)
