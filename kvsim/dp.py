@@ -39,7 +39,7 @@ import math
 
 from kvsim.cost.base import StepCost
 from kvsim.cost.comm import ExpertExchange
-from kvsim.request import Request, Status
+from kvsim.request import Request
 from kvsim.sched import Scheduler
 from kvsim.semantics import DPRules
 
@@ -257,7 +257,3 @@ class RankLink:
         self._left.add(self.rank.index)
         if self.lockstep is not None:
             self.lockstep.leave(self.rank.index)
-
-
-def unfinished(req: Request) -> bool:
-    return req.status is not Status.FINISHED
