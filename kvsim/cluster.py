@@ -260,7 +260,7 @@ def _start_group(env, group: DPGroup, sc: Scenario, engines: list[Replica], cost
                  links: list) -> None:
     """A DP group's coordinator, balancer and (an MoE model) lockstep, on the clock ``env``."""
     rules = sc.engine.semantics.dp
-    moe = bool(sc.model.num_experts)
+    moe = sc.dp_lockstep
     ranks = [dp.Rank(r.dp_rank or 0, r.sched) for r in group.ranks]
     left: set[int] = set()
     coordinator = dp.Coordinator(env, ranks, rules, moe, done=lambda: len(left) == len(ranks))
@@ -271,7 +271,7 @@ def _start_group(env, group: DPGroup, sc: Scenario, engines: list[Replica], cost
         def busy(i: int) -> bool:
             rep = group.ranks[i]
             return bool(rep.sched.num_unfinished or rep.inbox)
-        lockstep = dp.Lockstep(env, ranks, costs[first:first + len(ranks)],
+        lockstep = dp.Lockstep(env, costs[first:first + len(ranks)],
                                ExpertExchange(cost_inputs(sc), len(ranks)), rules, busy)
     for i, rank in enumerate(ranks):
         links[first + i] = dp.RankLink(rank, coordinator, lockstep, left)

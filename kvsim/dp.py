@@ -75,7 +75,7 @@ class Coordinator:
         self._changed = False
         self._wake = env.event()
 
-    def report(self, rank: Rank, now: float) -> None:
+    def report(self, rank: Rank) -> None:
         """``rank`` publishes its counts if they changed (``_maybe_publish_request_counts``)."""
         if not self.reports:
             return
@@ -180,12 +180,11 @@ class Lockstep:
     after the slowest rank's time with the MoE layers over all ranks' tokens. A rank with
     nothing to run asks ``running``: while the wave runs it takes a dummy step."""
 
-    def __init__(self, env, ranks: list[Rank], costs: list[StepCost], exchange: ExpertExchange,
-                 rules: DPRules, busy):
-        self.env, self.ranks, self.costs, self.exchange = env, ranks, costs, exchange
+    def __init__(self, env, costs: list[StepCost], exchange: ExpertExchange, rules: DPRules, busy):
+        self.env, self.costs, self.exchange = env, costs, exchange  # one cost model per rank
         self.rules = rules
         self.busy = busy  # busy(rank index) -> whether that rank has work or requests routed
-        self.members = set(range(len(ranks)))
+        self.members = set(range(len(costs)))
         self.step_counter = 0
         self.tail = False  # the wave runs on to its next all-reduce
         self._submitted: dict[int, tuple[float, float, int]] = {}
@@ -219,7 +218,7 @@ class Lockstep:
 
     def _finish_step(self) -> None:
         subs, self._submitted = self._submitted, {}
-        ranks = len(self.ranks)
+        ranks = len(self.costs)
         gathered = sum(t for _, _, t in subs.values())  # every rank's own tokens, gathered
         longest = 0.0
         for rank, (seconds, moe, _) in subs.items():
@@ -232,11 +231,7 @@ class Lockstep:
                   or (r.sync_at_first_step and self.step_counter == 1))
         self.tail = not synced
         release, self._release = self._release, self.env.event()
-        self.env.process(self._after(release, longest))
-
-    def _after(self, release, seconds: float):
-        yield self.env.timeout(seconds)
-        release.succeed()
+        self.env.timeout(longest).callbacks.append(lambda _: release.succeed())
 
 
 class RankLink:
@@ -249,8 +244,8 @@ class RankLink:
         self.rank, self.coordinator, self.lockstep = rank, coordinator, lockstep
         self._left = left  # the group's ranks whose loops have ended
 
-    def report(self, now: float) -> None:
-        self.coordinator.report(self.rank, now)
+    def report(self) -> None:
+        self.coordinator.report(self.rank)
 
     def leave(self) -> None:
         """The rank's loop has ended (the run is over for it)."""

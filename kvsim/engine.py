@@ -243,7 +243,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             r.join_step = step
             sched.add_request(r)
         if link is not None:
-            link.report(now)  # before the step (DPEngineCoreProc._maybe_publish_request_counts)
+            link.report()  # before the step (DPEngineCoreProc._maybe_publish_request_counts)
         if lazy is not None and lazy.window_ahead(step, now, arrivals, last_step_s):
             done = yield from lazy.run_window(
                 env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps is None
@@ -318,7 +318,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 accept.forget(r)
         num_finished += len(finished)
         if link is not None:
-            link.report(end)  # after the step
+            link.report()  # after the step
         if index is not None:
             add_step(_step_record(index, start, duration, draft, plan, sched))
         if results is not None:

@@ -323,7 +323,7 @@ def _cluster_summary(sc: Scenario, rec: Records) -> dict:
         return {"data_parallel": {"data_parallel_size": e.data_parallel_size,
                                   "enable_expert_parallel": e.enable_expert_parallel,
                                   "api_server_count": e.api_server_count,
-                                  "lockstep": bool(sc.model.num_experts),
+                                  "lockstep": sc.dp_lockstep,
                                   "num_gpu_blocks_total": blocks},
                 "replicas": per}
     return {"cluster": {"replicas": c.replicas, "router": c.router, "load_metric": c.load_metric,

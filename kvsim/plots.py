@@ -96,9 +96,6 @@ class Variant:
     def steps(self) -> dict[str, np.ndarray]:
         return columns(self.folder / "steps.csv")
 
-    def request_rows(self) -> list[dict]:
-        return read_csv(self.folder / "requests.csv")
-
 
 def variants(folder: Path) -> list[Variant]:
     """Every run in a result folder, in table order. A sweep's points are labelled by the keys
@@ -113,9 +110,12 @@ def variants(folder: Path) -> list[Variant]:
     rows = read_csv(folder / "sweep.csv")
     keys = json.loads((folder / "sweep.json").read_text())["keys"]
     varying = [k for k in keys if len({r[k] for r in rows}) > 1]
-    def label(r: dict) -> str:
-        return " ".join(f"{k.rpartition('.')[2]}={r[k]}" for k in varying if r[k] != "") or r["point"]
-    return [Variant(label(r), folder / "points" / r["point"]) for r in rows]
+    return [Variant(key_label(r, varying) or r["point"], folder / "points" / r["point"]) for r in rows]
+
+
+def key_label(row: dict, keys: list[str]) -> str:
+    """``num_gpu_blocks=3000 method=none``: ``row``'s values of the scenario ``keys``, by name."""
+    return " ".join(f"{k.partition('.')[2]}={row[k]}" for k in keys if row[k] != "")
 
 
 # -- which runs a figure shows -------------------------------------------------------------
@@ -430,14 +430,19 @@ def request_latencies_ms(run: Variant) -> dict[str, np.ndarray]:
             "e2el": np.where(done, 1e3 * req["e2e_s"], math.inf)}
 
 
-def goodput(run: Variant, slo: Goodput) -> float:
-    """Requests per second that meet every SLO (vLLM bench's request goodput)."""
+def num_good(run: Variant, slo: Goodput) -> int:
+    """The requests that meet every SLO."""
     lat = request_latencies_ms(run)
     good = np.ones(len(lat["ttft"]), bool)
     for name, ms in slo.items():
         good &= lat[name] <= ms
+    return int(good.sum())
+
+
+def goodput(run: Variant, slo: Goodput) -> float:
+    """Requests per second that meet every SLO (vLLM bench's request goodput)."""
     duration = run.summary["sim_time_s"]
-    return float(good.sum()) / duration if duration > 0 else 0.0
+    return num_good(run, slo) / duration if duration > 0 else 0.0
 
 
 def goodput_curves(shown: Shown, stem: Path, slo: Goodput) -> Path | None:
@@ -489,21 +494,11 @@ def latency_throughput(shown: Shown, folder: Path, stem: Path) -> Path | None:
         thr, lat = r.summary["throughput"]["output_tokens_per_s"], r.summary[key]
         return None if thr is None or lat is None or lat.get(q) is None else (thr, scale * lat[q])
     lines: list[tuple[str, list[list[Variant]]]] = []
-    if (folder / "sweep.json").is_file():
-        keys = json.loads((folder / "sweep.json").read_text())["keys"]
-        rows = read_csv(folder / "sweep.csv")
-        axes_keys = sweep_axes(keys, rows)
-        if axes_keys is not None:
-            x, line_keys = axes_keys
-            xs = list(dict.fromkeys(r[x] for r in rows))
-            if all(number(v) is not None for v in xs):
-                xs.sort(key=float)
-            groups: dict[str, dict[str, list[Variant]]] = {}
-            for r, run in zip(rows, shown.runs):
-                name = " ".join(f"{k.partition('.')[2]}={r[k]}" for k in line_keys if r[k] != "")
-                groups.setdefault(name or "all points", {}).setdefault(r[x], []).append(run)
-            lines = [(name, [g[v] for v in xs if v in g]) for name, g in groups.items()]
-            title = f"Latency against throughput, along {x}"
+    sweep = sweep_lines(folder) if (folder / "sweep.json").is_file() else None
+    if sweep is not None:
+        lines = [(name, [[shown.runs[i] for i in by_x[v]] for v in sweep.xs if v in by_x])
+                 for name, by_x in sweep.lines.items()]
+        title = f"Latency against throughput, along {sweep.x}"
     if not lines:
         lines = [(r.label, [[r]]) for r in shown.runs]
         title = "Latency against throughput, one point per run"
@@ -658,7 +653,21 @@ def sweep_axes(keys: list[str], rows: list[dict]) -> tuple[str, list[str]] | Non
     return x, [k for k in varying if k != x]
 
 
-def sweep_metrics(folder: Path, stem: Path, stamp: str) -> Path | None:
+@dataclass(frozen=True)
+class SweepLines:
+    """A sweep's points as lines: along ``x`` (its values ``xs`` in axis order, numerically
+    when they are numbers), one line per combination of the other swept keys, each line's
+    points by x value as indices of sweep.csv's rows (seeds to be averaged)."""
+
+    rows: list[dict]
+    x: str
+    numeric: bool
+    xs: list[str]
+    lines: dict[str, dict[str, list[int]]]
+
+
+def sweep_lines(folder: Path) -> SweepLines | None:
+    """``folder``'s sweep as ``SweepLines``; None when no key but the seed varies."""
     keys = json.loads((folder / "sweep.json").read_text())["keys"]
     rows = read_csv(folder / "sweep.csv")
     axes_keys = sweep_axes(keys, rows)
@@ -667,19 +676,27 @@ def sweep_metrics(folder: Path, stem: Path, stamp: str) -> Path | None:
     x, line_keys = axes_keys
     xs = list(dict.fromkeys(r[x] for r in rows))
     numeric = all(number(v) is not None for v in xs)
-    pos = {v: (number(v) if numeric else i) for i, v in enumerate(xs)}
-    def line_of(r):
-        return " ".join(f"{k.partition('.')[2]}={r[k]}" for k in line_keys if r[k] != "") or "all points"
+    if numeric:
+        xs.sort(key=float)
+    lines: dict[str, dict[str, list[int]]] = {}
+    for i, r in enumerate(rows):
+        lines.setdefault(key_label(r, line_keys) or "all points", {}).setdefault(r[x], []).append(i)
+    return SweepLines(rows, x, numeric, xs, lines)
 
-    lines = list(dict.fromkeys(line_of(r) for r in rows))
+
+def sweep_metrics(folder: Path, stem: Path, stamp: str) -> Path | None:
+    sweep = sweep_lines(folder)
+    if sweep is None:
+        return None
+    rows, x, xs, numeric = sweep.rows, sweep.x, sweep.xs, sweep.numeric
+    pos = {v: (number(v) if numeric else i) for i, v in enumerate(xs)}
     plt = _plt()
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.8), constrained_layout=True)
     for ax, (metric, title) in zip(axes.flat, METRICS):
-        for i, name in enumerate(lines):
+        for i, (name, by_x) in enumerate(sweep.lines.items()):
             pts = []
             for v in xs:
-                vals = [float(r[metric]) for r in rows
-                        if r[x] == v and r[metric] != "" and line_of(r) == name]
+                vals = [float(rows[j][metric]) for j in by_x.get(v, ()) if rows[j][metric] != ""]
                 if vals:
                     pts.append((pos[v], sum(vals) / len(vals), min(vals), max(vals)))
             if not pts:
@@ -696,7 +713,7 @@ def sweep_metrics(folder: Path, stem: Path, stamp: str) -> Path | None:
         ax.set_xlabel(x)
         if not numeric:
             ax.set_xticks(range(len(xs)), xs, rotation=20, ha="right")
-    _legend_right(fig, axes.flat[0], len(lines))
+    _legend_right(fig, axes.flat[0], len(sweep.lines))
     seeds = len({r.get("run.seed") for r in rows})
     return _save(fig, stem, f"Headline metrics against {x}" + (f" (mean of {seeds} seeds, bars: min-max)"
                                                               if seeds > 1 else ""), stamp)

@@ -72,7 +72,7 @@ def run_notes(run: Run) -> list[str]:
     if behind:
         out.append(f"Over capacity: {behind}; its latencies measure the queue more than the engine.")
     if s["num_preemptions"]:
-        victims = sum(1 for r in run.request_rows() if int(r["num_preemptions"]) > 0)
+        victims = int((run.requests["num_preemptions"] > 0).sum())
         out.append(f"{_n(s['num_preemptions'])} preemptions hit {_n(victims)} of {_n(s['num_requests'])} "
                    f"requests: KV usage reached {100 * peak:.0f} % of the {_n(usable)} usable blocks.")
     else:
@@ -122,6 +122,12 @@ def _tokens(v: float) -> str:
     return f"{v:,.0f} token{'' if v == 1 else 's'}" if float(v).is_integer() else f"{_num(v)} tokens"
 
 
+def _cached_by_request(run: Run) -> dict[str, int]:
+    """Each request's cached tokens (0 for one never admitted)."""
+    req = run.requests
+    return {str(k): int(v) if v == v else 0 for k, v in zip(req["req_id"], req["cached_tokens"])}
+
+
 def speculative_notes(runs: list[Run]) -> list[str]:
     """For runs that differ only in [speculative] (off vs an EAGLE-family method), both with
     prefix caching: how much the drafter cut the prefix-cache hits, and by which rule."""
@@ -134,12 +140,12 @@ def speculative_notes(runs: list[Run]) -> list[str]:
         base = next((r for r in members if r.resolved["speculative"]["method"] == "none"), None)
         if base is None or not base.resolved["engine"]["enable_prefix_caching"]:
             continue
-        before = {q["req_id"]: int(q["cached_tokens"] or 0) for q in base.request_rows()}
+        before = _cached_by_request(base)
         for r in members:
             method = r.resolved["speculative"]["method"]
             if method not in EAGLE_METHODS:
                 continue
-            after = {q["req_id"]: int(q["cached_tokens"] or 0) for q in r.request_rows()}
+            after = _cached_by_request(r)
             lost = [before[k] - after[k] for k in before if k in after and after[k] < before[k]]
             cut = base.summary["cached_tokens_mean"] - r.summary["cached_tokens_mean"]
             if lost and cut > 0:
@@ -190,7 +196,7 @@ def threshold_notes(keys: list[str], rows: list[dict]) -> list[str]:
         free = [v for v in values if by_x[v] == 0 and v > max(bad)]
         if not free:
             continue
-        where = " ".join(f"{k.partition('.')[2]}={v}" for k, v in zip(line_keys, name) if v != "")
+        where = plots.key_label(dict(zip(line_keys, name)), line_keys)
         out.append(f"{'With ' + where + ': n' if where else 'N'}o preemptions from {x} = {free[0]:g} up; "
                    f"{by_x[max(bad)]} at {max(bad):g}.")
     return out
@@ -214,8 +220,7 @@ def goodput_notes(runs: list[Run], slo: plots.Goodput) -> list[str]:
         return []
     got = [(plots.goodput(r, slo), r) for r in runs]
     def share(g: float, r: Run) -> str:
-        n = r.summary["num_requests"]
-        good = round(g * r.summary["sim_time_s"])
+        n, good = r.summary["num_requests"], plots.num_good(r, slo)
         return f"{_num(g)} req/s ({good:,} of {n:,} requests, {100 * good / n if n else 0:.0f} %)"
     if len(got) == 1:
         return [f"Goodput at {slo.describe()}: {share(*got[0])}."]

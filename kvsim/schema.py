@@ -544,6 +544,12 @@ class Scenario:
         """Several engines run: a cluster's replicas, or data-parallel ranks."""
         return self.cluster is not None or any(e.data_parallel_size > 1 for e in self.engines)
 
+    @property
+    def dp_lockstep(self) -> bool:
+        """Whether the engine's data-parallel ranks step in lockstep: an MoE model's do
+        (vLLM's ``DPEngineCoreProc`` when ``model_config.is_moe``), a dense model's do not."""
+        return self.engine.data_parallel_size > 1 and self.model.num_experts > 0
+
     def replica(self, i: int) -> Scenario:
         """The scenario replica ``i`` of the cluster runs (its own engine settings)."""
         if self.cluster is None:

@@ -17,6 +17,32 @@ from kvsim.semantics import VERSIONS
 SHARED_DATA = Path(os.environ.get("KVSIM_SHARED_DATA")
                    or Path(__file__).resolve().parents[2] / "shared" / "data")
 
+
+
+def small_chat(num_gpu_blocks: int, num_requests: int) -> str:
+    """A small chat scenario (Llama 3.2 1B on an L40S, a shared system prompt and three
+    users' histories) that runs in well under a second: the CLI-level tests' common base."""
+    return f"""
+[model]
+preset = "llama-3.2-1b"
+[hardware]
+preset = "l40s"
+[engine]
+num_gpu_blocks = {num_gpu_blocks}
+max_model_len = 1024
+max_num_batched_tokens = 256
+max_num_seqs = 8
+[workload]
+num_requests = {num_requests}
+request_rate = 40.0
+system_prompt_tokens = 64
+num_users = 3
+user_history_tokens = 96
+input_tokens = 24
+output_tokens = 40
+"""
+
+
 _seq = iter(range(10**9))
 
 

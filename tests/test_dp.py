@@ -147,8 +147,7 @@ def test_a_lockstep_step_lasts_as_long_as_the_slowest_rank():
     per = 0.004 / 30
     costs = [_Cost(per), _Cost(per)]
     exchange = types.SimpleNamespace(time_s=lambda t: 2 * 2 * (1e-6 + t * 1e-8))
-    ranks = [dp.Rank(0, None), dp.Rank(1, None)]
-    step = dp.Lockstep(env, ranks, costs, exchange, VERSIONS["0.33.0"].dp, busy=lambda i: i == 0)
+    step = dp.Lockstep(env, costs, exchange, VERSIONS["0.33.0"].dp, busy=lambda i: i == 0)
     ends = []
 
     def rank0():

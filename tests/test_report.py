@@ -10,34 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import small_chat
 
 from kvsim import plots, report
 from kvsim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SPEC = """
-[model]
-preset = "llama-3.2-1b"
-[hardware]
-preset = "l40s"
-[engine]
-num_gpu_blocks = 300
-max_model_len = 1024
-max_num_batched_tokens = 256
-max_num_seqs = 8
+SPEC = small_chat(num_gpu_blocks=300, num_requests=20) + """
 [speculative]
 method = "eagle"
 num_speculative_tokens = 3
 acceptance_rates = [1.0, 0.0, 0.0]
-[workload]
-num_requests = 20
-request_rate = 40.0
-system_prompt_tokens = 64
-num_users = 3
-user_history_tokens = 96
-input_tokens = 24
-output_tokens = 40
 """
 
 

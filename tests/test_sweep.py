@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import small_chat
 
 from kvsim import sweep
 from kvsim.cli import main
@@ -19,27 +20,7 @@ from kvsim.results import is_partial
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BASE = """
-[model]
-preset = "llama-3.2-1b"
-[hardware]
-preset = "l40s"
-[engine]
-num_gpu_blocks = 200
-max_model_len = 1024
-max_num_batched_tokens = 256
-max_num_seqs = 8
-[workload]
-num_requests = 24
-request_rate = 40.0
-system_prompt_tokens = 64
-num_users = 3
-user_history_tokens = 96
-input_tokens = 24
-output_tokens = 40
-[run]
-seed = 3
-"""
+BASE = small_chat(num_gpu_blocks=200, num_requests=24) + "[run]\nseed = 3\n"
 
 SWEEP = """
 scenario = "base.toml"

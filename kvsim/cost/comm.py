@@ -54,7 +54,7 @@ class ExpertExchange:
         self.num_layers = inp.model.num_hidden_layers
 
     def time_s(self, tokens: float) -> float:
-        """The exchange for ``tokens`` gathered tokens (all ranks', padded)."""
-        if self.ranks == 1 or not self.per_token_s:
+        """The exchange for ``tokens`` gathered tokens (every rank's own)."""
+        if not self.per_token_s:
             return 0.0
         return 2 * self.num_layers * (self.fixed_s + self.per_token_s * tokens)
