@@ -241,6 +241,9 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
         layer_types=layer_types if set(layer_types) != {"full_attention"} else (),
         sliding_window=window, linear_attention=gdn, index_head_dim=index_head_dim,
         quantized_params=quantized, hf_id=hf_id,
+        # The routed experts alone: (E − k) of them are the block's inactive part.
+        routed_expert_params=(len(moe_layers) * (moe - active_moe) // (experts - top_k) * experts
+                              if experts > top_k else 0),
         preset=preset,
         config=config)
 

@@ -78,6 +78,7 @@ class ModelCfg:
     # layer also caches one indexer key per token (0: no indexer).
     index_head_dim: int = 0
     quantized_params: int = 0  # of num_params, those stored in MXFP4 (gpt-oss experts)
+    routed_expert_params: int = 0  # of num_params, the routed experts' (from config.json)
     hf_id: str = ""
 
     @property
@@ -93,13 +94,19 @@ class ModelCfg:
 
     @property
     def routed_expert_bytes(self) -> int:
-        """Bytes of the routed experts' weights: a token reads top-k of the N experts, so the
-        inactive part of the parameters, ``num_params − num_active_params``, is (N − k) / N of
-        them (0 for a dense model)."""
+        """Bytes of the routed experts' weights (0 for a dense model): counted from
+        config.json's shapes, or for a model given key by key estimated from its parameters,
+        a token reading top-k of the N experts, so that ``num_params − num_active_params`` is
+        (N − k) / N of them."""
         n, k = self.num_experts, self.num_experts_per_tok
-        if not n or self.num_active_params is None or n <= k:
+        if not n or n <= k:
             return 0
-        params = (self.num_params - self.num_active_params) * n // (n - k)
+        if self.routed_expert_params:
+            params = self.routed_expert_params
+        elif self.num_active_params is None:
+            return 0
+        else:
+            params = (self.num_params - self.num_active_params) * n // (n - k)
         quantized = min(self.quantized_params, params)
         return (params - quantized) * self.dtype_bytes + quantized * 17 // 32
 

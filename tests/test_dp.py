@@ -126,6 +126,20 @@ def test_moe_ranks_step_in_waves_until_the_release_all_reduce(tmp_path, version,
     assert steps[0].startswith("replica,dp_rank,step,start_s,duration_s")
 
 
+def test_each_gpu_holds_its_share_of_the_experts():
+    # Qwen3-30B-A3B's config.json: 48 MoE layers of 128 experts, each gate, up and down
+    # projections of 2048 x 768, in bf16: 2 x 48 x 128 x 3 x 2048 x 768 bytes of routed experts.
+    # vLLM's FusedMoE splits them over the DP x TP GPUs, so with 2 ranks each GPU holds half.
+    from kvsim.layout import estimate_kv_cache_bytes
+
+    sc = parse_scenario(__import__("tomllib").loads(MOE.format(version="0.33.0")))
+    routed = 2 * 48 * 128 * 3 * 2048 * 768
+    assert sc.model.routed_expert_bytes == routed
+    args = (sc.model, 80 * 2**30, 0.9, 1, 2048, 128)
+    one, two = (estimate_kv_cache_bytes(*args, dp=n)[1]["weights_bytes"] for n in (1, 2))
+    assert one == sc.model.weight_bytes and one - two == routed // 2
+
+
 class _Cost:
     def __init__(self, moe_per_token):
         self.moe_per_token = moe_per_token
