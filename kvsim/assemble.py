@@ -69,6 +69,7 @@ def cost_inputs(sc: Scenario) -> CostInputs:
         interconnect_latency_s=hw.interconnect_latency_s,
         compute_efficiency=c.compute_efficiency, bandwidth_efficiency=c.bandwidth_efficiency,
         step_overhead_s=c.step_overhead_s, profile=Path(c.profile) if c.profile else None,
+        layer_profile=Path(c.layer_profile) if c.layer_profile else None,
         drafter=Drafter(s.method, s.num_speculative_tokens, draft))
 
 

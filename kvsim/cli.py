@@ -287,9 +287,34 @@ def cmd_validate(args) -> int:
     return VALIDATE_TARGETS[args.against](args)
 
 
+def _calibrate_step_overhead(args) -> int:
+    from kvsim import measured
+
+    folders = [Path(f) for f in args.step_overhead]
+    for f in folders:
+        if not (f / "vllm" / "meta.json").is_file():
+            raise ConfigError(str(f), "not a measured run folder (vllm/meta.json, "
+                              "vllm/requests.jsonl, config.json)")
+    gpus = {measured.load_run(f).hardware_name for f in folders}
+    if len(gpus) > 1:
+        raise ConfigError("--step-overhead", f"runs of several GPUs ({', '.join(sorted(gpus))}); "
+                          "the overhead is fitted per GPU")
+    overhead, per_run = measured.fit_step_overhead(folders)
+    for r in per_run:
+        print(f"{r['run']}: TPOT mean measured {r['vllm_tpot_ms']:.2f} ms, replayed "
+              f"{r['kvsim_tpot_ms']:.2f} ms")
+    print(f"{gpus.pop()}: [cost] step_overhead_s = {overhead:.6f}  # fitted to the decode steps of "
+          f"{len(folders)} measured run{'s' if len(folders) > 1 else ''}")
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from kvsim.calibrate import fit
 
+    if args.step_overhead:
+        return _calibrate_step_overhead(args)
+    if not args.out:
+        raise ConfigError("--out", "name the profile to write (.json)")
     out = Path(args.out)
     if out.suffix != ".json":
         raise ConfigError("--out", f"the profile is a .json file, got {args.out!r}")
@@ -505,7 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "profiles/<hw>/<org>/<model>/<variant> folder)")
     cal.add_argument("--csv", help="the step rows: written by the benchmark or import (default: "
                      "next to --out), or fitted alone when neither --device nor --from is given")
-    cal.add_argument("--out", required=True, help="profile to write (.json)")
+    cal.add_argument("--out", help="profile to write (.json)")
+    cal.add_argument("--step-overhead", nargs="+", metavar="RUN",
+                     help="instead: fit [cost] step_overhead_s for one GPU to measured runs "
+                          "(LLMServingSim's run folders, as kvsim validate --against measured "
+                          "replays them): the overhead that makes their mean TPOT come out")
     cal.add_argument("--budget-s", type=float, help="benchmark time budget, seconds (default "
                      "75 on cpu, 420 on cuda)")
     cal.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),

@@ -578,7 +578,8 @@ def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: Engi
 
     c = _section(raw, "cost", file)
     if c["model"] is None:
-        c["model"] = "fitted" if c["profile"] else "roofline"
+        c["model"] = ("interpolated" if c["layer_profile"] else "fitted" if c["profile"]
+                      else "roofline")
     where = f"{file}: cost.profile"
     if c["model"] == "fitted":
         if not c["profile"]:
@@ -593,10 +594,40 @@ def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: Engi
         c["profile"] = str(path.resolve())
     elif c["profile"]:
         raise ConfigError(where, "is used only with cost.model = 'fitted'")
-    elif hw.peak_flops_per_s is None:
+    if c["model"] == "interpolated":
+        c["layer_profile"] = str(_layer_profile(c["layer_profile"], file, base, model, engine))
+    elif c["layer_profile"]:
+        raise ConfigError(f"{file}: cost.layer_profile", "is used only with cost.model = "
+                          "'interpolated'")
+    if c["step_overhead_s"] is None:
+        c["step_overhead_s"] = 0.0 if c["model"] == "interpolated" else 0.002
+    if c["model"] == "roofline" and hw.peak_flops_per_s is None:
         raise ConfigError(f"{file}: hardware.peak_flops_per_s", "missing: the roofline cost model "
                           "needs it (or give cost.profile, a fitted profile)")
     return _build(CostCfg, c)
+
+
+def _layer_profile(name: str | None, file: str, base: Path | None, model: ModelCfg,
+                   engine: EngineCfg) -> Path:
+    """The checked layer-profile folder of ``[cost] layer_profile``."""
+    from kvsim.cost import interpolated
+
+    where = f"{file}: cost.layer_profile"
+    if not name:
+        raise ConfigError(f"{file}: cost.model", "'interpolated' needs cost.layer_profile (a folder "
+                          "of vLLM layer profiles)")
+    folder = Path(name).expanduser()
+    if not folder.is_absolute() and base is not None:
+        folder = base / folder
+    if not folder.is_dir():
+        raise ConfigError(where, f"no folder {str(folder)!r}")
+    tp = engine.tensor_parallel_size
+    if not (folder / f"tp{tp}").is_dir():
+        profiled = ", ".join(map(str, interpolated.tp_degrees(folder))) or "none"
+        raise ConfigError(where, f"{folder} has no tp{tp}/ (tensor_parallel_size {tp}; "
+                          f"profiled: {profiled})")
+    interpolated.check_model(folder, model, tp, where)
+    return folder.resolve()
 
 
 def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:

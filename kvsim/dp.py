@@ -222,7 +222,7 @@ class Lockstep:
         gathered = sum(t for _, _, t in subs.values())  # every rank's own tokens, gathered
         longest = 0.0
         for rank, (seconds, moe, _) in subs.items():
-            own = seconds - moe + self.costs[rank].moe_time_s(gathered) / ranks
+            own = seconds - moe + self.costs[rank].moe_time_s(gathered, ranks)
             longest = max(longest, own)
         longest += self.exchange.time_s(gathered)
         self.step_counter += 1

@@ -22,7 +22,7 @@ scheduler's ``_schedule_waiting`` on the pool as it is at that point of the step
 planned lazily only when nothing in it can be cut short: every running request gets its
 tokens within the budget and its blocks from the free queue (no preemption), which it checks
 first. A step's cost takes the members' chunks ``(1, c)`` as whole-number sums
-(``StepPlan.num_lazy``, ``lazy_kv``, ``lazy_longest``), which give the cost models' floats
+(``StepPlan.num_lazy``, ``lazy_kv``, ``lazy_longest``, ``lazy_shortest``), which give the cost models' floats
 exactly. So a run gives, byte for byte, the results of step-by-step simulation (tests compare
 the two), at a cost that follows the events — block boundaries, arrivals, completions — not
 steps × running requests.
@@ -71,6 +71,7 @@ class LazyDecode:
         self.num_members = 0
         self.sum_off = 0  # Σ (computed − lz_sched) over members: Σ c of step s is sum_off + M·s
         self.longest: list[tuple[int, int, Request]] = []  # (-(computed − lz_sched), rank, r), stale allowed
+        self.shortest: list[tuple[int, int, Request]] = []  # (computed − lz_sched, rank, r), stale allowed
         self.events: dict[int, list[Request]] = {}  # step -> members whose allocate_slots acts
         self.leaving: list[tuple[int, int, Request]] = []  # (step, rank, r): no longer lazy
         self.others: list[Request] = []  # running requests that are not members, by rank
@@ -139,6 +140,7 @@ class LazyDecode:
         self.num_members += 1
         self.sum_off += off
         heapq.heappush(self.longest, (-off, r.rank, r))
+        heapq.heappush(self.shortest, (off, r.rank, r))
         heapq.heappush(self.leaving, (leave, r.rank, r))
         self._add_event(r, self._next_event(r, step))
 
@@ -278,16 +280,22 @@ class LazyDecode:
         self.others.extend(sched.running[num_running:])
         plan.scheduled = list(scheduled.values())
         sched._update_after_schedule(plan.scheduled)
-        longest = self.longest
-        if len(longest) > 2 * num_lazy + 64:  # drop the entries of members that left
-            longest = self.longest = [e for e in longest if e[2].lz_sched is not None]
-            heapq.heapify(longest)
-        while longest[0][2].lz_sched is None:
-            heapq.heappop(longest)
         plan.num_lazy = num_lazy
         plan.lazy_kv = self.sum_off + num_lazy * (step + 1)
-        plan.lazy_longest = -longest[0][0] + step + 1
+        plan.lazy_longest = -self._top("longest", num_lazy) + step + 1
+        plan.lazy_shortest = self._top("shortest", num_lazy) + step + 1
         return plan
+
+    def _top(self, name: str, num_lazy: int) -> int:
+        """The first key of heap ``name`` among current members (stale entries dropped)."""
+        heap = getattr(self, name)
+        if len(heap) > 2 * num_lazy + 64:  # drop the entries of members that left
+            heap = [e for e in heap if e[2].lz_sched is not None]
+            heapq.heapify(heap)
+            setattr(self, name, heap)
+        while heap[0][2].lz_sched is None:
+            heapq.heappop(heap)
+        return heap[0][0]
 
     def update(self, plan: StepPlan, index: int | None, accept=None):
         """Apply the outputs of step ``index`` (``Scheduler.update_from_output``'s result):
@@ -362,7 +370,7 @@ class LazyDecode:
                 self.queue[0] = (StepPlan(scheduled=chunks, prefix_cache=plan.prefix_cache),
                                  index)
         self.others = []
-        self.longest, self.events, self.leaving = [], {}, []
+        self.longest, self.shortest, self.events, self.leaving = [], [], {}, []
 
 
 # -- decode windows: a batch that nothing can change, many steps at once ------------------
@@ -386,13 +394,13 @@ class LazyDecode:
 # time, ``t_{j+1} = t_j + d_j`` as SimPy adds them, and the clock jumps to the window's end
 # in one timeout when that lands on the same float (else one timeout per step; the engine
 # is alone on its clock). A step is timed by the cost model's ``step_time_s`` with its chunks
-# ``(1, c)`` as sums (they enter the cost models only through whole-number sums, Σ(c + 1) and
-# the chunk count, given exactly; every other feature of a pure decode step, the MoE expert
-# share included, is fixed by the chunk count). The window stops before any step where step-by-step simulation
-# would do something else: a completion, an admissible arrival, a free queue too short for the
-# step's allocations, a run limit. With asynchronous scheduling (a batch queue of two) the step in
-# flight when the window starts must be such a step too; the window leaves its last step in
-# flight, as the engine loop would.
+# ``(1, c)`` as sums (they enter the cost models only through the chunk count and whole
+# numbers, Σ(c + 1), max(c + 1) and min(c + 1), given exactly; every other feature of a pure
+# decode step, the MoE expert share included, is fixed by the chunk count). The window stops
+# before any step where step-by-step simulation would do something else: a completion, an
+# admissible arrival, a free queue too short for the step's allocations, a run limit. With
+# asynchronous scheduling (a batch queue of two) the step in flight when the window starts
+# must be such a step too; the window leaves its last step in flight, as the engine loop would.
 
 
 def window(sched, queue, max_steps: int) -> int:
@@ -497,6 +505,8 @@ def run(env, sched, cost, queue, arrivals, step: int, k: int,
     lag = 1 if queue else 0
     base = [(r.num_computed_tokens, r.num_output_tokens) for r in running]
     sum_context = sum(c for c, _ in base) - lag * num_running
+    longest = max(c for c, _ in base) - lag
+    shortest = min(c for c, _ in base) - lag
     full = num_running >= sched.params.max_num_seqs
     wake = arrivals.next_arrival_s()
     # Step times, and where the window stops: a run limit, or an arrival that could join.
@@ -508,8 +518,8 @@ def run(env, sched, cost, queue, arrivals, step: int, k: int,
         if (max_sim_time_s is not None and t >= max_sim_time_s) or (
                 not full and wake is not None and wake <= t):
             break
-        # (The longest sequence counts only beside a prefill: 0 stands for it here.)
-        d = step_time((), num_running, (num_running, sum_context + (j + 1) * num_running, 0))
+        d = step_time((), num_running, (num_running, sum_context + (j + 1) * num_running,
+                                        longest + j + 1, shortest + j + 1))
         starts.append(t)
         durations.append(d)
         t = t + d

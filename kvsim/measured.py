@@ -14,8 +14,10 @@ release with its arguments and vLLM's defaults for the rest (block size 16, pref
 chunked prefill, ``gpu_memory_utilization`` 0.9), and the KV block count is derived from GPU
 memory as vLLM's profiling would (``kvsim.config``'s estimate: memory × utilization − weights −
 activation peak − non-torch memory, divided by the bytes of one block across layers). Step
-times come from the cost profile fitted to the same GPU's vLLM layer profiles at the run's
-tensor parallel size (a shipped ``rtxpro6000-*`` profile, or ``--profile``).
+times are interpolated in the same GPU's vLLM layer profiles at the run's tensor parallel size
+(``kvsim.cost.interpolated``), found in the LLMServingSim tree the run sits in
+(``profiles/<hardware>/<org>/<model>/<variant>``); without them, a shipped fitted profile for
+that GPU (``rtxpro6000-*``); ``--profile`` names a fitted profile instead.
 
 Metrics as vLLM's own benchmark (and the peer) count them, per request: TTFT = first token −
 queued; TPOT = (last token − first token) / (output tokens − 1); latency = last token − queued.
@@ -56,6 +58,7 @@ class MeasuredRun:
     link_bandwidth_bytes_per_s: float | None = None
     link_latency_s: float = 0.0
     num_gpu_blocks: int | None = None  # the KV blocks vLLM's profiling gave, if the run recorded it
+    layer_profile: Path | None = None  # the same GPU's vLLM layer profiles, if found beside the run
 
     @property
     def hardware_name(self) -> str:
@@ -104,7 +107,7 @@ def _hardware(meta: dict, instance: dict, folder: Path) -> dict:
     else config.json's instance (``hardware``, ``npu_mem.mem_size`` GiB); memory bandwidth
     from ``npu_mem.mem_bw`` (GB/s). The step times come from the cost profile, so no FLOP/s
     figure is needed."""
-    device = meta["device"] if isinstance(meta.get("device"), dict) else {}
+    device: dict = next((meta[k] for k in ("hardware", "device") if isinstance(meta.get(k), dict)), {})
     name = str(_first(meta, "device_name", "gpu_name") or _first(device, "name", "device_name")
                or instance.get("hardware", ""))
     preset = _hardware_preset(name) or _hardware_preset(str(instance.get("hardware", "")))
@@ -112,7 +115,7 @@ def _hardware(meta: dict, instance: dict, folder: Path) -> dict:
         return {"preset": preset}
     mem = instance.get("npu_mem") or {}
     memory = _first(meta, "total_memory_bytes", "gpu_memory_bytes") or _first(
-        device, "total_memory_bytes", "total_memory")
+        device, "device_total_memory_bytes", "total_memory_bytes", "total_memory")
     if memory is None and mem.get("mem_size"):
         memory = int(mem["mem_size"] * 2**30)
     if not name or memory is None or not mem.get("mem_bw"):
@@ -120,7 +123,8 @@ def _hardware(meta: dict, instance: dict, folder: Path) -> dict:
                           "run does not describe it (device name and total memory in "
                           "vllm/meta.json or nodes[0].instances[0].npu_mem.mem_size, and "
                           "npu_mem.mem_bw in config.json)")
-    cc = _first(meta, "compute_capability") or _first(device, "compute_capability")
+    cc = _first(meta, "compute_capability") or _first(device, "compute_capability",
+                                                      "device_capability")
     table = {"name": _norm(name) or "gpu", "device_name": name, "memory_bytes": int(memory),
              "mem_bandwidth_bytes_per_s": float(mem["mem_bw"]) * 1e9}
     if cc:
@@ -161,8 +165,9 @@ def load_run(folder: Path) -> MeasuredRun:
                           "nodes[0].instances[0]") from None
     model = _model_preset(hf_model, str(folder / "vllm" / "meta.json"))
     hardware = _hardware(meta, instance, folder)
-    recorded = _first(meta, "num_gpu_blocks") or _first(meta.get("cache_config") or {},
-                                                         "num_gpu_blocks")
+    recorded = _first(meta, "num_gpu_blocks") or next(
+        (meta[k]["num_gpu_blocks"] for k in ("kv_cache", "cache_config")
+         if isinstance(meta.get(k), dict) and meta[k].get("num_gpu_blocks")), None)
     dataset = _find_upward(folder, str(meta.get("dataset_path", "")))
     lines = list(json_lines(dataset))
     rows = list(json_lines(folder / "vllm" / "requests.jsonl"))
@@ -193,7 +198,28 @@ def load_run(folder: Path) -> MeasuredRun:
     return MeasuredRun(folder, meta, hardware, model, [specs[i] for i in order],
                        [measured[i] for i in order], read_peer(folder / "validation" / "summary.txt"),
                        link_bw * 1e9 if link_bw else None, link_latency * 1e-9,
-                       int(recorded) if recorded else None)
+                       int(recorded) if recorded else None,
+                       find_layer_profile(folder, str(instance.get("hardware", "")), hf_model,
+                                          str(meta["engine_kwargs"].get("dtype", "auto"))))
+
+
+# LLMServingSim's variant folder for a run's dtype.
+VARIANTS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "auto": "bf16"}
+
+
+def find_layer_profile(folder: Path, hardware: str, hf_model: str, dtype: str) -> Path | None:
+    """The layer-profile folder of the run's GPU and model in the LLMServingSim tree the run
+    sits in: ``profiles/<hardware>/<org>/<model>/<variant>`` (``profiler/perf/...`` in
+    LLMServingSim's own repository) in the run folder or a folder above it."""
+    if not hardware or not hf_model:
+        return None
+    variant = VARIANTS.get(dtype, dtype)
+    for base in (folder, *folder.resolve().parents):
+        for tree in (base / "profiles", base / "profiler" / "perf"):
+            candidate = tree / hardware / hf_model / variant
+            if (candidate / "meta.yaml").is_file():
+                return candidate
+    return None
 
 
 def shipped_profile_for(model: str, hardware: str, tp: int) -> str:
@@ -203,8 +229,19 @@ def shipped_profile_for(model: str, hardware: str, tp: int) -> str:
         if (p["model"].get("name") == model and p.get("tensor_parallel_size", 1) == tp
                 and _norm(hardware) in _norm(p.get("device", ""))):
             return name
-    raise ConfigError("--profile", f"no shipped cost profile for {model} at tensor_parallel_size "
-                      f"{tp} on {hardware}; give one with --profile")
+    raise ConfigError("--profile", f"no layer profiles of {hardware} beside the run (profiles/<"
+                      f"hardware>/<org>/<model>/<variant> above it) and no shipped cost profile for "
+                      f"{model} at tensor_parallel_size {tp} on {hardware}; give one with --profile")
+
+
+def cost_table(run: MeasuredRun, profile: str | None, tp: int) -> dict:
+    """``[cost]`` of the replay: ``profile`` (fitted) if given, else the same GPU's layer
+    profiles interpolated, else a shipped fitted profile for that GPU."""
+    if profile:
+        return {"profile": profile}
+    if run.layer_profile is not None and (run.layer_profile / f"tp{tp}").is_dir():
+        return {"layer_profile": str(run.layer_profile)}
+    return {"profile": shipped_profile_for(run.model, run.hardware_name, tp)}
 
 
 def scenario_table(run: MeasuredRun, profile: str | None) -> dict:
@@ -231,7 +268,7 @@ def scenario_table(run: MeasuredRun, profile: str | None) -> dict:
         hardware["interconnect_latency_s"] = run.link_latency_s
     return {"model": {"preset": run.model}, "hardware": hardware,
             "engine": engine_keys,
-            "cost": {"profile": profile or shipped_profile_for(run.model, run.hardware_name, tp)},
+            "cost": cost_table(run, profile, tp),
             # the requests come from the run; this placeholder only satisfies the schema
             "workload": {"num_requests": 1}}
 
@@ -313,7 +350,9 @@ def summary_json(sc, table: list[dict]) -> str:
     return json.dumps({"vllm_version": e.vllm_version, "model": sc.model.name,
                        "hardware": sc.hardware.name, "tensor_parallel_size": e.tensor_parallel_size,
                        "num_gpu_blocks": e.num_gpu_blocks, "block_size": e.block_size,
-                       "cost_profile": sc.cost.profile, "table": table}, indent=2) + "\n"
+                       "cost_model": sc.cost.model,
+                       "cost_profile": sc.cost.profile or sc.cost.layer_profile, "table": table},
+                      indent=2) + "\n"
 
 
 def plot(rows: list[dict], png: Path) -> None:
@@ -338,3 +377,30 @@ def plot(rows: list[dict], png: Path) -> None:
         ax.legend()
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def fit_step_overhead(folders: list[Path], profiles: dict[Path, str | None] | None = None,
+                      rounds: int = 4) -> tuple[float, list[dict]]:
+    """The per-step overhead, seconds, that makes the replays' decode steps as long as the runs'
+    (pooled mean TPOT over every request of ``folders``, runs of one GPU), each replayed as
+    ``compare`` does (``profiles``: a fitted profile per run instead). A decode step holds the
+    overhead once, so each round moves it by the mean TPOT miss (never below 0); a few rounds
+    settle the queueing it changes. Returns the overhead and, per run, the TPOT means (ms)
+    measured and replayed with the overhead before the last round's move."""
+    overhead = 0.0
+    per_run: list[dict] = []
+    for _ in range(rounds):
+        misses, per_run = [], []
+        for folder in folders:
+            profile = (profiles or {}).get(folder)
+            _, _, rows, _ = compare(folder, profile, {"cost": {"step_overhead_s": overhead}})
+            pairs = [(r["vllm_tpot_ms"], r["kvsim_tpot_ms"]) for r in rows
+                     if r["vllm_tpot_ms"] is not None and r["kvsim_tpot_ms"] is not None]
+            misses += [m - k for m, k in pairs]
+            per_run.append({"run": str(folder), "vllm_tpot_ms": float(np.mean([m for m, _ in pairs])),
+                            "kvsim_tpot_ms": float(np.mean([k for _, k in pairs]))})
+        step = 1e-3 * float(np.mean(misses))
+        if abs(step) < 1e-5:
+            break
+        overhead = max(0.0, overhead + step)
+    return overhead, per_run

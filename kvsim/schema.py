@@ -31,7 +31,7 @@ WorkloadKind = Literal["trace", "synthetic"]
 TraceFormat = Literal["kvsim", "mooncake", "azure"]
 GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_lengths"]
 ArrivalProcess = Literal["poisson", "gamma", "trace"]
-CostModelName = Literal["roofline", "fitted"]
+CostModelName = Literal["roofline", "fitted", "interpolated"]
 RouterName = Literal["round_robin", "random", "least_loaded", "prefix_aware", "session_affinity"]
 LoadMetric = Literal["requests", "kv_usage"]
 TRACE_FORMATS: tuple[TraceFormat, ...] = get_args(TraceFormat)
@@ -298,20 +298,30 @@ WORKLOAD_KEYS = (
 )
 
 COST_KEYS = (
-    Key("model", "str", None, "Step-time model: `roofline` (uncalibrated, from `[hardware]` numbers) "
-        "or `fitted` (a calibration profile, `kvsim calibrate`); default `fitted` when `profile` is "
-        "given, else `roofline`.", choices=get_args(CostModelName), derived=True),
+    Key("model", "str", None, "Step-time model: `roofline` (uncalibrated, from `[hardware]` numbers), "
+        "`fitted` (a calibration profile, `kvsim calibrate`) or `interpolated` (vLLM layer profiles "
+        "read directly, `layer_profile`); default `interpolated` when `layer_profile` is given, "
+        "else `fitted` when `profile` is, else `roofline`.", choices=get_args(CostModelName),
+        derived=True),
     Key("profile", "str", None, "Cost profile written by `kvsim calibrate` (a JSON file, relative to "
         "the scenario) or a shipped profile's name (`rtxpro6000-llama-3.1-8b-tp1`, ...); it must be "
         "for the scenario's model shape and `tensor_parallel_size`."),
+    Key("layer_profile", "str", None, "Folder of vLLM layer profiles in LLMServingSim's format "
+        "(`profiles/<hardware>/<org>/<model>/<variant>`: `meta.yaml`, `tp<N>/attention.csv`, "
+        "`dense.csv`, `per_sequence.csv`, `moe.csv`), relative to the scenario; step times are "
+        "interpolated in its tables (the fitted form, fitted to the same tables, past their grid). "
+        "It must profile the scenario's model at its `tensor_parallel_size`."),
     Key("compute_efficiency", "float", 0.6, "Fraction of peak FLOP/s a step reaches.", low=0,
         low_open=True, high=1),
     Key("bandwidth_efficiency", "float", 0.8, "Fraction of peak bandwidth a step reaches.", low=0,
         low_open=True, high=1),
-    Key("step_overhead_s", "float", 0.002, "Fixed per-step engine overhead, seconds, added to either "
-        "model: vLLM's CPU work between steps (scheduling, input preparation, sampling) and kernel "
-        "launch gaps, which layer timings do not see (not added to a profile fitted to whole engine steps, "
-        "whose fixed term holds it).", low=0),
+    Key("step_overhead_s", "float", None, "Fixed per-step engine overhead, seconds, added to the "
+        "step's kernels: vLLM's CPU work between steps (scheduling, input preparation, sampling) and "
+        "launch gaps that layer timings do not see. Default 2 ms with `roofline` and `fitted` (not "
+        "added to a profile fitted to whole engine steps, whose fixed term holds it); 0 with "
+        "`interpolated`, whose layer profiles, skew fit included, already time a measured run's steps "
+        "(`kvsim calibrate --step-overhead RUN` fits it per GPU from measured runs).", low=0,
+        derived=True),
 )
 
 RUN_KEYS = (
@@ -498,6 +508,7 @@ class WorkloadCfg:
 class CostCfg:
     model: CostModelName
     profile: str | None  # resolved path of the calibration profile (model = fitted)
+    layer_profile: str | None  # resolved layer-profile folder (model = interpolated)
     compute_efficiency: float
     bandwidth_efficiency: float
     step_overhead_s: float

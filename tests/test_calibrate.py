@@ -244,17 +244,18 @@ def test_torch_bench_writes_rows(tmp_path):
 @pytest.mark.skipif(not LLMSERVINGSIM.is_dir(), reason="no ../shared/data/llmservingsim here")
 def test_llmservingsim_moe_layer_at_expected_experts(capsys, tmp_path):
     from kvsim.calibrate import llmservingsim
+    from kvsim.config import model_preset
+    from kvsim.cost.interpolated import LayerProfile
 
     sub = LLMSERVINGSIM / "Qwen" / "Qwen3-30B-A3B-Instruct-2507" / "bf16"
-    table = llmservingsim._moe_table(sub / "tp1" / "moe.csv")
+    layers = LayerProfile(sub, 1, model_preset("qwen3-30b-a3b"))
     # 16 tokens, top-8 of 128: 128·(1 − (15/16)^16) = 82.4 experts, between moe.csv's rows
     # (16 tokens, 64 experts) 424.116 µs and (16, 128) 817.612 µs
     e = 128 * (1 - (15 / 16) ** 16)
-    want = 424.116 + (e - 64) / 64 * (817.612 - 424.116)
-    assert llmservingsim._moe_us(table, np.array([16.0]), np.array([e]))[0] == pytest.approx(want)
-    # halfway between 1,024 and 2,048 tokens at all 128 experts: halfway between 970.35 and 1066.6
-    assert llmservingsim._moe_us(table, np.array([1536.0]), np.array([128.0]))[0] == pytest.approx(
-        (970.35 + 1066.6) / 2)
+    assert layers.moe_us(16) == pytest.approx(424.116 + (e - 64) / 64 * (817.612 - 424.116))
+    # halfway between 1,024 and 2,048 tokens, all 128 experts touched (1 − (15/16)^1024 ≈ 1):
+    # halfway between 970.35 and 1066.6
+    assert layers.moe_us(1536) == pytest.approx((970.35 + 1066.6) / 2)
     rows, _ = llmservingsim.step_rows(sub, 1)
     assert rows[0]["model"] == "qwen3-30b-a3b" and rows[0]["num_experts"] == 128
     code, err = _cli(["calibrate", "--from", "llmservingsim", str(sub), "--tp", "2",

@@ -147,8 +147,8 @@ class _Cost:
     def step_time_s(self, chunks, num_sampled, decodes=None):
         return 0.003
 
-    def moe_time_s(self, tokens):
-        return self.moe_per_token * min(tokens, 40)
+    def moe_time_s(self, tokens, ranks=1):
+        return self.moe_per_token * min(tokens, 40) / ranks
 
 
 def test_a_lockstep_step_lasts_as_long_as_the_slowest_rank():

@@ -14,17 +14,31 @@ from kvsim.config import parse_scenario
 from kvsim.kv.hashing import BlockHasher
 from kvsim.request import ExplicitTokens, RequestSpec
 from kvsim.workload import build_requests
-from tests.builders import make_request
+from tests.builders import make_request, synthetic_layer_profile
 
 
 def scenario(**kw):
     return parse_scenario(sc_raw(**kw))
 
 
+_LAYERS: list = []
+
+
+def layer_profile() -> str:
+    """A synthetic layer-profile folder for Llama 3.2 1B (made once per session)."""
+    if not _LAYERS:
+        import tempfile
+        from pathlib import Path
+
+        skew = {(0, "n<=8", "sr<=50%", "kvB<=1k", "kp=0"): 0.3}  # else alpha_default 0.05
+        _LAYERS.append(synthetic_layer_profile(Path(tempfile.mkdtemp()) / "layers", skew=skew))
+    return str(_LAYERS[0])
+
+
 def sc_raw(version="0.33.0", async_scheduling=True, caching=True, model="llama-3.2-1b",
            hardware="l40s", cost=None, tp=1, **workload):
     return {"model": {"preset": model}, "hardware": {"preset": hardware},
-          "cost": cost or {},
+          "cost": {k: layer_profile() if v == "SYNTHETIC" else v for k, v in (cost or {}).items()},
           "engine": {"vllm_version": version, "num_gpu_blocks": 400, "block_size": 16,
                      "max_model_len": 2048, "max_num_batched_tokens": 512, "max_num_seqs": 6,
                      "async_scheduling": async_scheduling, "enable_prefix_caching": caching,
@@ -82,6 +96,9 @@ CASES = [
                "step_overhead_s": 0.0007}),
     dict(model="qwen3-30b-a3b", hardware="rtx-pro-6000",
          cost={"model": "fitted", "profile": "rtxpro6000-qwen3-30b-a3b-tp1"}),
+    # Interpolated layer profiles: every decode's context counts (the mean, and the longest and
+    # shortest through the skew fit's bucket), in a window as step by step.
+    dict(cost={"layer_profile": "SYNTHETIC"}),
 ]
 
 
@@ -172,11 +189,12 @@ def test_streamed_results_are_the_bytes_of_the_in_memory_ones():
     assert metrics.summary_json(results.summary(sc, rec)) == mem_summary
 
 
-@pytest.mark.parametrize("case", CASES[-3:], ids=["roofline-tp2", "fitted-tp2", "fitted-moe"])
+@pytest.mark.parametrize("case", CASES[-4:], ids=["roofline-tp2", "fitted-tp2", "fitted-moe",
+                                                  "interpolated"])
 def test_lazy_decodes_cost_what_their_chunks_cost(case):
-    """``step_time_s`` with one-token chunks given as sums (count, Σ(c + 1), max(c + 1)), as a
-    lazily planned step times them, is ``step_time_s`` of those chunks listed, bit for bit,
-    for any contexts, beside prefill chunks or alone."""
+    """``step_time_s`` with one-token chunks given as sums (count, Σ(c + 1), max(c + 1),
+    min(c + 1)), as a lazily planned step times them, is ``step_time_s`` of those chunks
+    listed, bit for bit, for any contexts, beside prefill chunks or alone."""
     import random
 
     from kvsim.assemble import cost_inputs
@@ -188,7 +206,8 @@ def test_lazy_decodes_cost_what_their_chunks_cost(case):
     for n in (1, 2, 7, 64, 256):
         contexts = [rng.randrange(0, 40_000) for _ in range(n)]
         decodes = [(1, c) for c in contexts]
-        sums = (n, sum(c + 1 for c in contexts), max(c + 1 for c in contexts))
+        sums = (n, sum(c + 1 for c in contexts), max(c + 1 for c in contexts),
+                min(c + 1 for c in contexts))
         for prefills in ([], [(rng.randrange(2, 9000), rng.randrange(0, 9000)) for _ in range(3)]):
             num_sampled = n + len(prefills)
             listed = cost.step_time_s([*prefills, *decodes], num_sampled)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim.cost.base import CostInputs
+from kvsim.cost.base import CostInputs, Decodes
 from kvsim.cost.comm import AllReduce
 from kvsim.cost.fitted import expert_share
 from kvsim.model import ModelCfg, kv_bytes_per_token
@@ -47,8 +47,9 @@ class _Pass:
     kv_bytes_per_token: float
 
     def time_s(self, chunks, num_rows: int, flops_per_s: float, bytes_per_s: float,
-               decodes: tuple[int, int, int] | None = None) -> float:
-        """``decodes``: further one-token chunks ``(1, c)``, as (count, Σ(c + 1), max(c + 1))."""
+               decodes: Decodes | None = None) -> float:
+        """``decodes``: further one-token chunks ``(1, c)``, as (count, Σ(c + 1), max(c + 1),
+        min(c + 1))."""
         tokens = pairs = kv_read = 0.0
         if decodes is not None:
             # Whole-number sums (pairs of a (1, c) chunk: c + 1) far below 2**53: added in
@@ -119,19 +120,19 @@ class RooflineCost:
                 self.drafter = _model_pass(model, tp, kv_cache_dtype, num_layers=1, body_params=layer)
 
     def step_time_s(self, chunks, num_sampled: int,
-                    decodes: tuple[int, int, int] | None = None) -> float:
+                    decodes: Decodes | None = None) -> float:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``) and
-        ``decodes``: (count, Σ(c + 1), max(c + 1)) of further one-token chunks ``(1, c)``,
-        the same seconds, bit for bit, as with those chunks listed."""
+        ``decodes``: (count, Σ(c + 1), max(c + 1), min(c + 1)) of further one-token chunks
+        ``(1, c)``, the same seconds, bit for bit, as with those chunks listed."""
         tokens = sum(n for n, _ in chunks) + (decodes[0] if decodes is not None else 0)
         return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
                                                      self.bytes_per_s, decodes)
                 + self.allreduce.time_s(tokens, self.num_layers))
 
-    def moe_time_s(self, tokens: float) -> float:
-        """Reading the routed experts ``tokens`` tokens touch (the roofline reads every weight
-        each step; this is the experts' share of that read)."""
-        return self.expert_read_s * expert_share(tokens, *self.experts)
+    def moe_time_s(self, tokens: float, ranks: int = 1) -> float:
+        """Reading the routed experts ``tokens`` tokens touch on a ``1/ranks`` share of them
+        (the roofline reads every weight each step; this is the experts' share of that read)."""
+        return self.expert_read_s * expert_share(tokens, *self.experts) / ranks
 
     def draft_time_s(self, chunks, num_sampled: int) -> float:
         """Seconds the drafter adds to the step (0 without speculative decoding or for ngram)."""
