@@ -261,7 +261,7 @@ def _validate_measured(args) -> int:
     if not folder.is_dir():
         raise ConfigError(str(folder), "not a folder (expected a measured run: vllm/meta.json, "
                           "vllm/requests.jsonl, config.json)")
-    sc, rec, rows, table = measured.compare(folder, args.profile)
+    sc, rec, rows, table = measured.compare(folder, args.profile, model=args.model)
     out = Path(args.out) if args.out else _default_out(folder.resolve().name + "-validate")
     files = {"validate.csv": measured.rows_csv(rows),
              "summary.json": measured.summary_json(sc, table)}
@@ -510,8 +510,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "started server (default 8765)")
     val.add_argument("--profile", help="vllm-server: cost profile to predict with (default: the "
                      "scenario's cost.profile; a vllm-engine run writes one as profile.json); "
-                     "measured: default the shipped one for the run's GPU, model and tensor "
-                     "parallel size")
+                     "measured: a fitted profile instead of the run's GPU layer profiles "
+                     "(default: those found in the tree the run is in, else the shipped fitted "
+                     "one for the run's GPU, model and tensor parallel size)")
+    val.add_argument("--model", help="measured: the run's model as a kvsim preset or a HF "
+                     "config.json (default: the preset of meta.json's model)")
     val.add_argument("--timeout-s", type=float, default=900.0, help="vllm-engine, vllm-server: "
                      "give up after this many seconds (default 900)")
     val.add_argument("--out", help="vllm-engine, vllm-server, measured: result folder (default: a "

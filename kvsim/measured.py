@@ -43,6 +43,36 @@ METRICS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("Latency", "latency_ms"))
 STATS = ("Mean", "Median", "P90", "P95", "P99")
 # vLLM's defaults where a run's meta.json leaves a setting out (as of vLLM 0.19).
 VLLM_DEFAULTS = {"block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9}
+# vLLM's effective settings where the run recorded its resolved config (LLMServingSim's newer
+# collector writes ``resolved_config``): (config section, vLLM's name, kvsim's [engine] key).
+RESOLVED = (("cache_config", "block_size", "block_size"),
+            ("cache_config", "enable_prefix_caching", "enable_prefix_caching"),
+            ("cache_config", "gpu_memory_utilization", "gpu_memory_utilization"),
+            ("cache_config", "kv_cache_memory_bytes", "kv_cache_memory_bytes"),
+            ("scheduler_config", "max_num_seqs", "max_num_seqs"),
+            ("scheduler_config", "max_num_batched_tokens", "max_num_batched_tokens"),
+            ("scheduler_config", "enable_chunked_prefill", "enable_chunked_prefill"),
+            ("scheduler_config", "long_prefill_token_threshold", "long_prefill_token_threshold"),
+            ("scheduler_config", "async_scheduling", "async_scheduling"),
+            ("scheduler_config", "policy", "scheduling_policy"),
+            ("model_config", "max_model_len", "max_model_len"))
+
+
+def resolved_engine(meta: dict) -> dict:
+    """[engine] keys from the run's ``resolved_config`` (vLLM's effective settings), where it
+    recorded them; a KV cache dtype other than ``auto`` too."""
+    resolved = meta.get("resolved_config")
+    if not isinstance(resolved, dict):
+        return {}
+    out = {}
+    for section, name, key in RESOLVED:
+        table = resolved.get(section)
+        if isinstance(table, dict) and table.get(name) is not None:
+            out[key] = table[name]
+    cache = resolved.get("cache_config")
+    if isinstance(cache, dict) and cache.get("cache_dtype") not in (None, "auto"):
+        out["kv_cache_dtype"] = cache["cache_dtype"]
+    return out
 
 
 @dataclass
@@ -50,7 +80,7 @@ class MeasuredRun:
     folder: Path
     meta: dict
     hardware: dict  # [hardware]: a kvsim preset, or built from the run's own files
-    model: str  # kvsim model preset
+    model: str  # kvsim model preset, or a HF config.json's path
     specs: list[RequestSpec]
     measured: list[dict]  # per request: ttft_ms, tpot_ms, latency_ms (same order as specs)
     peer: dict[tuple[str, str], float] | None  # (metric, stat) -> the peer's value
@@ -151,8 +181,10 @@ def read_peer(path: Path) -> dict[tuple[str, str], float] | None:
     return out or None
 
 
-def load_run(folder: Path) -> MeasuredRun:
-    """Read a measured run folder. Raises ConfigError naming the file and what is wrong."""
+def load_run(folder: Path, model: str | None = None) -> MeasuredRun:
+    """Read a measured run folder; ``model``: a kvsim model preset or a HF ``config.json`` for
+    the run's model (default: the preset of meta.json's ``model``). Raises ConfigError naming
+    the file and what is wrong."""
     meta = _read_json(folder / "vllm" / "meta.json")
     cluster = _read_json(folder / "config.json")
     try:
@@ -163,11 +195,13 @@ def load_run(folder: Path) -> MeasuredRun:
     except (KeyError, IndexError, TypeError):
         raise ConfigError(str(folder), "meta.json needs model and engine_kwargs, config.json "
                           "nodes[0].instances[0]") from None
-    model = _model_preset(hf_model, str(folder / "vllm" / "meta.json"))
+    model = model or _model_preset(hf_model, str(folder / "vllm" / "meta.json"))
     hardware = _hardware(meta, instance, folder)
+    caches = (meta.get("kv_cache"), meta.get("cache_config"),
+              (meta.get("resolved_config") or {}).get("cache_config"))
     recorded = _first(meta, "num_gpu_blocks") or next(
-        (meta[k]["num_gpu_blocks"] for k in ("kv_cache", "cache_config")
-         if isinstance(meta.get(k), dict) and meta[k].get("num_gpu_blocks")), None)
+        (c["num_gpu_blocks"] for c in caches if isinstance(c, dict) and c.get("num_gpu_blocks")),
+        None)
     dataset = _find_upward(folder, str(meta.get("dataset_path", "")))
     lines = list(json_lines(dataset))
     rows = list(json_lines(folder / "vllm" / "requests.jsonl"))
@@ -260,13 +294,16 @@ def scenario_table(run: MeasuredRun, profile: str | None) -> dict:
                            api_server_count=1)
     if kw.get("kv_cache_dtype", "auto") != "auto":
         engine_keys["kv_cache_dtype"] = kw["kv_cache_dtype"]
+    engine_keys.update(resolved_engine(run.meta))
     if run.num_gpu_blocks:
         engine_keys["num_gpu_blocks"] = run.num_gpu_blocks
     hardware = dict(run.hardware)
     if run.link_bandwidth_bytes_per_s:
         hardware["interconnect_bandwidth_bytes_per_s"] = run.link_bandwidth_bytes_per_s
         hardware["interconnect_latency_s"] = run.link_latency_s
-    return {"model": {"preset": run.model}, "hardware": hardware,
+    model = ({"config": str(Path(run.model).resolve())} if run.model.endswith(".json")
+             else {"preset": run.model})
+    return {"model": model, "hardware": hardware,
             "engine": engine_keys,
             "cost": cost_table(run, profile, tp),
             # the requests come from the run; this placeholder only satisfies the schema
@@ -280,9 +317,11 @@ def _stats(values) -> dict[str, float]:
             "P99": float(np.percentile(a, 99))}
 
 
-def compare(folder: Path, profile: str | None = None, overrides: dict | None = None):
-    """Replay the run with kvsim. Returns (scenario, records, per-request rows, table rows)."""
-    run = load_run(folder)
+def compare(folder: Path, profile: str | None = None, overrides: dict | None = None,
+            model: str | None = None):
+    """Replay the run with kvsim (``model``: as ``load_run``). Returns (scenario, records,
+    per-request rows, table rows)."""
+    run = load_run(folder, model)
     raw = scenario_table(run, profile)
     for section, keys in (overrides or {}).items():
         raw[section] = {**raw.get(section, {}), **keys}

@@ -127,9 +127,16 @@ def test_a_gpu_with_layer_profiles_beside_the_run_replays_on_them(tmp_path, caps
     cfg["nodes"][0]["instances"][0]["hardware"] = "OTHERGPU"
     (run / "config.json").write_text(json.dumps(cfg))
     meta = json.loads((run / "vllm" / "meta.json").read_text())
+    # vLLM's resolved config, as LLMServingSim's newer collector records it: its effective
+    # settings win over engine_kwargs and vLLM's defaults.
+    resolved = {"scheduler_config": {"max_num_seqs": 96, "async_scheduling": False,
+                                     "max_num_batched_tokens": 2048, "policy": "fcfs"},
+                "cache_config": {"block_size": 16, "enable_prefix_caching": True,
+                                 "cache_dtype": "auto", "num_gpu_blocks": 9000},
+                "model_config": {"max_model_len": 32768}}
     meta.update(dataset_path=str(measured._find_upward(RUNS / "Llama-3.1-8B", meta["dataset_path"])),
                 hardware={"device_name": "Other GPU", "device_total_memory_bytes": 48 * 2**30},
-                kv_cache={"num_gpu_blocks": 9000, "block_size": 16})
+                resolved_config=resolved)
     (run / "vllm" / "meta.json").write_text(json.dumps(meta))
     layers = tmp_path / "profiler" / "perf" / "OTHERGPU" / "meta-llama" / "Llama-3.1-8B" / "bf16"
     shutil.copytree(PROFILES / "meta-llama" / "Llama-3.1-8B" / "bf16", layers,
@@ -138,6 +145,8 @@ def test_a_gpu_with_layer_profiles_beside_the_run_replays_on_them(tmp_path, caps
     assert sc.cost.model == "interpolated" and sc.cost.layer_profile == str(layers.resolve())
     assert sc.hardware.device_name == "Other GPU" and sc.hardware.memory_bytes == 48 * 2**30
     assert sc.engine.num_gpu_blocks == 9000 and len(rows) == 300
+    assert (sc.engine.max_num_seqs, sc.engine.async_scheduling, sc.engine.max_model_len) == (
+        96, False, 32768)
     assert main(["validate", "--against", "measured", str(run), "--out", str(tmp_path / "o")]) == 0
     assert "cost model interpolated (NVIDIA RTX PRO 6000" in capsys.readouterr().out
 
@@ -158,3 +167,22 @@ def test_the_step_overhead_fitted_to_a_run_brings_its_mean_tpot(capsys):
 def _table_with(folder, overhead):
     sc, rec, rows, table = measured.compare(folder, None, {"cost": {"step_overhead_s": overhead}})
     return sc, rows, {(t["metric"], t["stat"]): t for t in table}
+
+
+def test_a_model_without_a_preset_is_given_by_its_config_json(tmp_path, capsys):
+    # Llama-3.1-8B's public config.json: the replay builds the model from it (the layer
+    # profiles' model has a preset of the same shape, so they are accepted).
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+           "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+           "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+           "tie_word_embeddings": False, "rope_theta": 500000.0, "hidden_act": "silu"}
+    path = tmp_path / "llama" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    sc, _, rows, _ = measured.compare(RUNS / "Llama-3.1-8B", model=str(path))
+    assert sc.model.num_hidden_layers == 32 and sc.model.num_key_value_heads == 8
+    assert sc.cost.model == "interpolated" and len(rows) == 300
+    assert main(["validate", "--against", "measured", str(RUNS / "Llama-3.1-8B"), "--model",
+                 "nope", "--out", str(tmp_path / "o")]) == 2
+    assert "unknown model preset 'nope'" in capsys.readouterr().err

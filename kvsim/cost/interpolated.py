@@ -378,17 +378,18 @@ def composed_rows(layers: LayerProfile, common: dict) -> list[dict]:
 
 
 def check_model(folder: Path, model: ModelCfg, tp: int, where: str) -> None:
-    """Raise ConfigError unless the folder profiles ``model``'s shape (by its kvsim preset)."""
+    """Raise ConfigError unless the folder profiles ``model``'s shape (by the kvsim preset of
+    the profiled model; without one, unless the two name different models)."""
     from kvsim import presets
     from kvsim.config import model_preset
 
     hf_model = read_meta(folder).get("model", "")
     name = presets.by_hf_id(hf_model, ignore_instruct=True)
-    if name is None:
-        if hf_model and model.hf_id and _same_hf(hf_model, model.hf_id):
-            return
-        raise ConfigError(where, f"the profile is for {hf_model or '?'!r}, which has no kvsim "
-                          f"model preset to check against the scenario's {model.name!r}")
+    if name is None:  # no shape to check against: only a differently named model is refused
+        if hf_model and model.hf_id and not _same_hf(hf_model, model.hf_id):
+            raise ConfigError(where, f"the profile is for {hf_model!r}, the scenario's model is "
+                              f"{model.hf_id!r}")
+        return
     shape = model_preset(name)
     profile = {"model": {"name": name, **{k: getattr(shape, k) for k in SHAPE_KEYS}},
                "tensor_parallel_size": tp}
