@@ -103,8 +103,8 @@ class StepPlan:
     A step planned by lazy decode (``kvsim.fastforward``) also gives ``num_lazy`` running
     requests one decode token each without a chunk of their own: chunks ``(1, c)`` with
     Σ(c + 1) = ``lazy_kv``, max(c + 1) = ``lazy_longest`` and min(c + 1) = ``lazy_shortest``;
-    ``exits`` are chunks of this
-    step whose requests stopped being lazy before its outputs arrived."""
+    ``exits`` are chunks of this step whose requests stopped being lazy before its outputs
+    arrived."""
 
     scheduled: list[Chunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
