@@ -155,7 +155,9 @@ def _hardware(meta: dict, instance: dict, folder: Path) -> dict:
                           "npu_mem.mem_bw in config.json)")
     cc = _first(meta, "compute_capability") or _first(device, "compute_capability",
                                                       "device_capability")
-    table = {"name": _norm(name) or "gpu", "device_name": name, "memory_bytes": int(memory),
+    # Named as the run's own config.json names the machine (RTX4090 -> rtx4090), else by the GPU.
+    label = _norm(str(instance.get("hardware", ""))) or _norm(name) or "gpu"
+    table = {"name": label, "device_name": name, "memory_bytes": int(memory),
              "mem_bandwidth_bytes_per_s": float(mem["mem_bw"]) * 1e9}
     if cc:
         table["compute_capability"] = str(cc)
