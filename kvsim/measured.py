@@ -37,6 +37,7 @@ from kvsim.config import parse_scenario
 from kvsim.cost import fitted
 from kvsim.errors import ConfigError
 from kvsim.request import ExplicitTokens, RequestSpec
+from kvsim.specdec import SPEC_METHODS
 from kvsim.workload.jsonl import json_lines
 
 METRICS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("Latency", "latency_ms"))
@@ -270,6 +271,22 @@ def shipped_profile_for(model: str, hardware: str, tp: int) -> str:
                       f"{model} at tensor_parallel_size {tp} on {hardware}; give one with --profile")
 
 
+def speculative_table(meta: dict) -> dict | None:
+    """[speculative] of the run: vLLM's ``speculative_config`` (resolved, else as given), its
+    method and ``num_speculative_tokens``; acceptance stays kvsim's default (a run does not
+    record it). None without speculative decoding."""
+    spec = ((meta.get("resolved_config") or {}).get("speculative_config")
+            or meta["engine_kwargs"].get("speculative_config"))
+    if not isinstance(spec, dict) or not spec.get("method"):
+        return None
+    method = str(spec["method"])
+    method = "mtp" if method.endswith("mtp") else method  # deepseek_mtp, qwen3_next_mtp, ...
+    if method not in SPEC_METHODS:
+        raise ConfigError("vllm/meta.json: speculative_config.method", f"{spec['method']!r} is not "
+                          f"modelled (kvsim has {', '.join(SPEC_METHODS[1:])})")
+    return {"method": method, "num_speculative_tokens": int(spec.get("num_speculative_tokens") or 1)}
+
+
 def cost_table(run: MeasuredRun, profile: str | None, tp: int) -> dict:
     """``[cost]`` of the replay: ``profile`` (fitted) if given, else the same GPU's layer
     profiles interpolated, else a shipped fitted profile for that GPU."""
@@ -305,8 +322,9 @@ def scenario_table(run: MeasuredRun, profile: str | None) -> dict:
         hardware["interconnect_latency_s"] = run.link_latency_s
     model = ({"config": str(Path(run.model).resolve())} if run.model.endswith(".json")
              else {"preset": run.model})
+    spec = speculative_table(run.meta)
     return {"model": model, "hardware": hardware,
-            "engine": engine_keys,
+            "engine": engine_keys, **({"speculative": spec} if spec else {}),
             "cost": cost_table(run, profile, tp),
             # the requests come from the run; this placeholder only satisfies the schema
             "workload": {"num_requests": 1}}

@@ -186,3 +186,22 @@ def test_a_model_without_a_preset_is_given_by_its_config_json(tmp_path, capsys):
     assert main(["validate", "--against", "measured", str(RUNS / "Llama-3.1-8B"), "--model",
                  "nope", "--out", str(tmp_path / "o")]) == 2
     assert "unknown model preset 'nope'" in capsys.readouterr().err
+
+
+def test_a_speculative_run_replays_with_its_method(tmp_path, capsys):
+    # vLLM's resolved speculative_config (EAGLE-3, 2 tokens) carries over; a method kvsim does
+    # not model is one line.
+    run = tmp_path / "runs" / "x"
+    shutil.copytree(RUNS / "Llama-3.1-8B", run, ignore=shutil.ignore_patterns("outputs"))
+    meta = json.loads((run / "vllm" / "meta.json").read_text())
+    meta["dataset_path"] = str(measured._find_upward(RUNS / "Llama-3.1-8B", meta["dataset_path"]))
+    meta["resolved_config"] = {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 2}}
+    (run / "vllm" / "meta.json").write_text(json.dumps(meta))
+    raw = measured.scenario_table(measured.load_run(run), "rtxpro6000-llama-3.1-8b-tp1")
+    assert raw["speculative"] == {"method": "eagle3", "num_speculative_tokens": 2}
+    meta["resolved_config"] = {"speculative_config": {"method": "medusa", "num_speculative_tokens": 2}}
+    (run / "vllm" / "meta.json").write_text(json.dumps(meta))
+    assert main(["validate", "--against", "measured", str(run), "--profile",
+                 "rtxpro6000-llama-3.1-8b-tp1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'medusa' is not modelled" in err[0]
