@@ -218,6 +218,21 @@ def test_llmservingsim_import_composes_steps(tmp_path):
     row = next(r for r in rows if r["pass"] == "target" and r["num_prefill_tokens"] == 0
                and r["num_decode_seqs"] == 1 and r["decode_context"] == 16)
     assert 0.009 < float(row["step_s"]) < 0.020  # 16 GB of weights at ~1.8 TB/s: >= 8.9 ms
+    # ... and exactly the composition, from the CSVs' own rows at 1 token, 1 sequence:
+    # 32 · (attention + every per-layer op + the second layernorm) + embedding + final norm
+    # + lm_head + sampler.
+    def us(name, key, size):
+        with open(folder / "tp1" / name, newline="") as f:
+            return {r["layer"]: float(r["time_us"]) for r in csv.DictReader(f) if float(r[key]) == size}
+
+    dense, head = us("dense.csv", "tokens", 1), us("per_sequence.csv", "sequences", 1)
+    with open(folder / "tp1" / "attention.csv", newline="") as f:
+        attention = next(float(r["time_us"]) for r in csv.DictReader(f) if (
+            r["prefill_chunk"], r["kv_prefill"], r["n_decode"], r["kv_decode"]) == ("0", "0", "1", "16"))
+    per_layer = attention + sum(v for k, v in dense.items()
+                                if k not in ("embedding", "final_layernorm")) + dense["layernorm"]
+    want = 32 * per_layer + dense["embedding"] + dense["final_layernorm"] + head["lm_head"] + head["sampler"]
+    assert float(row["step_s"]) == pytest.approx(want * 1e-6, rel=1e-8)
     rng = np.random.default_rng(0)
     sample = [rows[i] for i in rng.choice(len(rows), 3000, replace=False)]
     fit.write_csv(sample, tmp_path / "steps.csv")
