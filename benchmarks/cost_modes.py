@@ -65,11 +65,10 @@ def heldout(folder: Path, tp: int, seed: int = 0) -> dict[str, tuple[float, floa
     rows = [r for r in composed_rows(train, {}) if r["pass"] == "target"]
     params = fit.fit_rows(rows, str(folder), seed, full.experts)["target"][0]
     layers = model.num_hidden_layers
-    steps = {(s.prefills, s.num_decodes, s.decode_kv): s for s, _ in full.grid_steps()}
     err: dict[str, list[float]] = {"interpolated": [], "fitted": []}
     for i in sorted(held):
         pc, kp, nd, kd, _ = full.points[i]
-        step = steps[(((pc, kp),) if pc else (), int(nd), nd * (kd + 1))]
+        step = full.grid_step(pc, kp, nd, kd)
         truth = full.pass_us(step, layers) * 1e-6
         err["interpolated"].append(train.pass_us(step, layers) * 1e-6 / truth - 1)
         decodes = (step.num_decodes, step.decode_kv, step.longest, step.shortest) if nd else None

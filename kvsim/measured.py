@@ -134,7 +134,8 @@ def _first(table: dict, *keys: str):
 def _hardware(meta: dict, instance: dict, folder: Path) -> dict:
     """[hardware] of the run: the preset matching its GPU, else the GPU as the run's own files
     describe it: device name and total memory from vllm/meta.json (``device_name``,
-    ``total_memory_bytes``; LLMServingSim's collector may also nest them under ``device``),
+    ``total_memory_bytes``; LLMServingSim's collectors may also nest them under ``hardware``
+    or ``device``, as ``device_total_memory_bytes`` and ``device_capability`` too),
     else config.json's instance (``hardware``, ``npu_mem.mem_size`` GiB); memory bandwidth
     from ``npu_mem.mem_bw`` (GB/s). The step times come from the cost profile, so no FLOP/s
     figure is needed."""

@@ -37,6 +37,12 @@ def load(kind: str, name: str) -> dict | None:
         return json.load(f) if kind == "models" else tomllib.load(f)
 
 
+def hf_key(hf_id: str) -> str:
+    """A Hugging Face id as compared across a base model and its ``-Instruct`` tune (same
+    shapes): lower case, the suffix dropped."""
+    return hf_id.lower().removesuffix("-instruct")
+
+
 def by_hf_id(hf_id: str, ignore_instruct: bool = False) -> str | None:
     """The model preset for Hugging Face id ``hf_id`` (case-insensitive): its ``hf_id``, or one
     of ``also_hf_ids`` (checkpoints with the same config.json shapes), or None.
@@ -45,7 +51,7 @@ def by_hf_id(hf_id: str, ignore_instruct: bool = False) -> str | None:
         return None
 
     def key(s: str) -> str:
-        return s.lower().removesuffix("-instruct") if ignore_instruct else s.lower()
+        return hf_key(s) if ignore_instruct else s.lower()
     for name in names("models"):
         with (_dir("models") / f"{name}.json").open("rb") as f:
             data = json.load(f)

@@ -121,14 +121,13 @@ class LayerProfile:
     comparison leaves the others out."""
 
     def __init__(self, folder: Path, tp: int, model: ModelCfg, keep=None):
-        self.folder = folder
         tree = _read_yaml(folder)
         self.meta = _scalars(tree)
         sub = folder / f"tp{tp}"
         if not sub.is_dir():
             raise ConfigError(str(sub), f"no profile for tensor_parallel_size {tp} (profiled: "
                               f"{', '.join(map(str, tp_degrees(folder))) or 'none'})")
-        self.model, self.tp = model, tp
+        self.model = model
         self.experts = (model.num_experts, model.num_experts_per_tok)
         dense = _table(sub / "dense.csv", "tokens")
         per_seq = _table(sub / "per_sequence.csv", "sequences")
@@ -159,12 +158,12 @@ class LayerProfile:
         rows = _read_csv(path, ATTENTION_COLUMNS)
         if keep is not None:
             rows = [rows[i] for i in sorted(keep)]
+        if not rows:
+            raise ConfigError(str(path), "no rows")
         self.points = rows  # (pc, kp, nd, kd, µs), as read
         slices: dict[float, dict[float, dict[float, list[tuple[float, float]]]]] = {}
         for pc, kp, nd, kd, us in rows:
             slices.setdefault(pc, {}).setdefault(nd, {}).setdefault(kp, []).append((kd, us))
-        if not rows:
-            raise ConfigError(str(path), "no rows")
         # pc -> (decode counts, per count (prefill contexts, per context (contexts, µs)))
         self.att: dict[float, tuple[list[float], list[_KpSlice]]] = {}
         for pc, by_nd in slices.items():
@@ -262,20 +261,19 @@ class LayerProfile:
                           prefill_tokens + decode_tokens_in, min(step.rows, self.max_rows))
         return step if inside == step else inside
 
-    def grid_steps(self) -> list[tuple[GridStep, float]]:
-        """Every attention grid point as a one-chunk pass (with the µs attention measured):
-        the rows ``kvsim calibrate --from llmservingsim`` fits (past ``dense.csv``'s tokens
-        dropped)."""
-        out = []
-        for pc, kp, nd, kd, us in self.points:
-            tokens = pc + nd
-            if tokens <= 0 or tokens > self.max_tokens:
-                continue
-            length = kd + 1 if nd else 0.0
-            step = GridStep(((pc, kp),) if pc else (), int(nd), nd * length, length, length,
-                            tokens, nd + (pc > 0))
-            out.append((step, us))
-        return out
+    @staticmethod
+    def grid_step(pc: float, kp: float, nd: float, kd: float) -> GridStep:
+        """The one-chunk pass of an attention grid point: one prefill chunk of ``pc`` tokens
+        after ``kp``, ``nd`` decodes at context ``kd``, one LM-head row per sequence."""
+        length = kd + 1 if nd else 0.0
+        return GridStep(((pc, kp),) if pc else (), int(nd), nd * length, length, length,
+                        pc + nd, nd + (pc > 0))
+
+    def grid_steps(self) -> list[GridStep]:
+        """Every attention grid point's pass: the rows ``kvsim calibrate --from llmservingsim``
+        fits (past ``dense.csv``'s tokens dropped)."""
+        return [self.grid_step(pc, kp, nd, kd) for pc, kp, nd, kd, _ in self.points
+                if 0 < pc + nd <= self.max_tokens]
 
 
 class InterpolatedCost:
@@ -366,7 +364,7 @@ def composed_rows(layers: LayerProfile, common: dict) -> list[dict]:
     """CSV-ready target and draft rows of every grid point (``common`` added to each)."""
     out = []
     for pass_name, num_layers in (("target", layers.model.num_hidden_layers), ("draft", 1)):
-        for step, _ in layers.grid_steps():
+        for step in layers.grid_steps():
             (pc, kp), = step.prefills or ((0, 0),)
             nd = step.num_decodes
             out.append({**common, "pass": pass_name, "num_prefill_tokens": int(pc),
@@ -386,7 +384,7 @@ def check_model(folder: Path, model: ModelCfg, tp: int, where: str) -> None:
     hf_model = read_meta(folder).get("model", "")
     name = presets.by_hf_id(hf_model, ignore_instruct=True)
     if name is None:  # no shape to check against: only a differently named model is refused
-        if hf_model and model.hf_id and not _same_hf(hf_model, model.hf_id):
+        if hf_model and model.hf_id and presets.hf_key(hf_model) != presets.hf_key(model.hf_id):
             raise ConfigError(where, f"the profile is for {hf_model!r}, the scenario's model is "
                               f"{model.hf_id!r}")
         return
@@ -394,12 +392,6 @@ def check_model(folder: Path, model: ModelCfg, tp: int, where: str) -> None:
     profile = {"model": {"name": name, **{k: getattr(shape, k) for k in SHAPE_KEYS}},
                "tensor_parallel_size": tp}
     check_matches(profile, model, tp, where)
-
-
-def _same_hf(a: str, b: str) -> bool:
-    def norm(s: str) -> str:
-        return s.lower().removesuffix("-instruct")
-    return norm(a) == norm(b)
 
 
 class SkewFit:
