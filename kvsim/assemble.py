@@ -14,8 +14,10 @@ from pathlib import Path
 
 from kvsim.config import model_preset
 from kvsim.cost.base import CostInputs, Drafter
+from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager, KVManager
+from kvsim.kv.offload import OFFLOAD_RELEASES, OffloadingConnector, OffloadParams
 from kvsim.kv.pool import BlockPool
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.schema import Scenario
@@ -76,12 +78,16 @@ def cost_inputs(sc: Scenario) -> CostInputs:
 def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, *,
                        num_gpu_blocks: int, block_size: int, enable_caching: bool,
                        kv_groups: list[GroupSpec] | None = None,
-                       retention_interval: int | None = None) -> Scheduler:
+                       retention_interval: int | None = None,
+                       offload: OffloadParams | None = None) -> Scheduler:
     """A fresh scheduler over its own pool; ``params.spec`` is derived here from ``spec``.
 
     With ``kv_groups``, each group's block size applies and ``block_size`` does not;
-    ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` (None: dense).
+    ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` (None: dense);
+    ``offload`` adds vLLM's native CPU offloading behind the KV-connector seam.
     """
+    if offload is not None:
+        check_offload(offload, sem, spec, kv_groups, params, enable_caching)
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
     setup = derive_spec(spec, sem, enable_caching, scheduler_block_size)
     pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
@@ -103,4 +109,36 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
                             num_reprefillable=setup.num_reprefillable)
     params = SchedulerParams(**{**{f: getattr(params, f) for f in params.__dataclass_fields__},
                                 "spec": setup.params})
-    return Scheduler(params, kv, sem)
+    connector = None
+    if offload is not None:
+        assert isinstance(kv, KVCacheManager)
+        connector = OffloadingConnector(kv.hasher, block_size, offload.num_chunks,
+                                        offload.blocks_per_chunk, offload.offload_prompt_only,
+                                        offload.store_threshold)
+    return Scheduler(params, kv, sem, connector)
+
+
+def check_offload(offload: OffloadParams, sem: Semantics, spec: Drafting,
+                  kv_groups: list[GroupSpec] | None, params: SchedulerParams,
+                  enable_caching: bool) -> None:
+    """Refuse, with a ConfigError, what vLLM cannot run and what kvsim's offloading does
+    not reproduce yet."""
+    where = "engine.kv_offloading_size"
+    if not enable_caching:
+        # 0.33's connector keys chunks by the requests' block hashes, which exist only with
+        # prefix caching: its first lookup fails an assertion.
+        raise ConfigError(where, "native CPU offloading needs enable_prefix_caching (vLLM's "
+                          "connector keys chunks by block hashes)")
+    if sem.version not in OFFLOAD_RELEASES:
+        raise ConfigError(where, f"native CPU offloading is reproduced for vLLM "
+                          f"{', '.join(OFFLOAD_RELEASES)} only, not {sem.version}")
+    if offload.eviction_policy != "lru":
+        raise ConfigError(where, f"eviction policy {offload.eviction_policy!r} is not reproduced "
+                          "yet (lru is)")
+    if kv_groups:
+        raise ConfigError(where, "offloading a hybrid KV layout is not reproduced yet "
+                          "(one full-attention group is)")
+    if spec.method != "none":
+        raise ConfigError(where, "offloading with speculative decoding is not reproduced yet")
+    if params.async_scheduling:
+        raise ConfigError(where, "offloading with async_scheduling is not reproduced yet")

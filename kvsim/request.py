@@ -19,6 +19,8 @@ class Status(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    # Holding blocks while a KV connector loads them (vLLM's WAITING_FOR_REMOTE_KVS).
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     FINISHED = "finished"
 
 
@@ -134,7 +136,8 @@ class Request:
         "req_id", "seq", "arrival_s", "priority", "prompt", "num_prompt_tokens",
         "max_tokens", "output_token_id", "num_output_tokens", "num_computed_tokens", "status",
         "is_prefill_chunk", "num_preemptions", "block_hashes", "cached_tokens",
-        "num_draft_tokens", "num_drafts_proposed", "num_drafts_accepted", "num_verify_steps",
+        "external_cached_tokens", "num_draft_tokens", "num_drafts_proposed",
+        "num_drafts_accepted", "num_verify_steps",
         "accepted_trace", "group_keys", "num_output_placeholders", "num_in_flight_tokens",
         "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
@@ -159,6 +162,8 @@ class Request:
         self.num_preemptions = 0
         self.block_hashes: list[int] = []
         self.cached_tokens: int | None = None
+        # Of cached_tokens, those a KV connector loads (PrefillStats.num_external_cached_tokens).
+        self.external_cached_tokens = 0
         self.num_draft_tokens = 0  # drafts attached for the next step (len(spec_token_ids))
         self.num_drafts_proposed = 0
         self.num_drafts_accepted = 0

@@ -18,8 +18,9 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, KVConnector, StepView
 from kvsim.kv.hybrid import HybridKVCacheManager, mamba_checkpoint_exportable, mamba_checkpoint_position
-from kvsim.kv.manager import KVManager
+from kvsim.kv.manager import KVCacheManager, KVManager
 from kvsim.request import Request, Status
 from kvsim.semantics import Semantics
 
@@ -61,7 +62,8 @@ class SchedulerParams:
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """vLLM's PrefixCacheStats: one record per admitted lookup (preempted ones apart)."""
+    """vLLM's PrefixCacheStats: one record per admitted lookup (preempted ones apart). The
+    connector's (``external_prefix_cache_*``) counts queries beyond the local hit."""
 
     requests: int = 0
     queries: int = 0
@@ -109,6 +111,8 @@ class StepPlan:
     scheduled: list[Chunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    external_prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    connector_meta: ConnectorMeta | None = None  # what the KV connector hands the worker
     num_lazy: int = 0
     lazy_kv: int = 0
     lazy_longest: int = 0
@@ -192,10 +196,22 @@ Acceptance = Callable[[Request, int], int]
 
 
 class Scheduler:
-    def __init__(self, params: SchedulerParams, kv: KVManager, sem: Semantics):
+    def __init__(self, params: SchedulerParams, kv: KVManager, sem: Semantics,
+                 connector: KVConnector | None = None):
         self.params = params
         self.kv = kv
         self.sem = sem
+        # A KV connector (kvsim.kv.connector): an offload tier, later a P/D transfer.
+        self.connector = connector
+        # Waiting requests that hold blocks (a finished or pending load) go first (0.33's
+        # kv_holding_waiting); loads the worker reported, not yet taken up.
+        self.kv_holding = WAITING_QUEUES[params.scheduling_policy]()
+        self.finished_recving: set[str] = set()
+        # Requests finished since the last schedule() (SchedulerOutput.finished_req_ids).
+        self.finished_since: list[Request] = []
+        # Requests still prefilling: an asynchronous load is admitted only if it leaves
+        # the blocks they still need free (0.33's _inflight_prefills).
+        self.inflight_prefills: dict[str, Request] = {}
         self.spec = params.spec
         # Draft-model input slots: charged per scheduled request (0.32+), or reserved for
         # max_num_seqs requests up front by shrinking the token budget (earlier releases).
@@ -215,10 +231,19 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         self.waiting.add(req)
+        if self.connector is not None:
+            self.connector.on_new_request(req)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + len(self.kv_holding)
+
+    @property
+    def has_requests(self) -> bool:
+        """Whether the engine must keep stepping: unfinished requests, finished ones the
+        connector has not been told of, or transfers in flight."""
+        return bool(self.num_unfinished or self.finished_since
+                    or (self.connector is not None and self.connector.has_pending_work()))
 
     # -- schedule ------------------------------------------------------------------------
 
@@ -228,6 +253,7 @@ class Scheduler:
         plan = StepPlan()
         scheduled: dict[str, Chunk] = {}
         self.kv.new_step_starts()
+        self._held_before: dict[str, int] = {}  # running requests' table lengths (connector)
         # vLLM keeps two budgets: scheduled tokens, and model inputs, from which each
         # scheduled request also takes ``draft_slots`` (draft-model inputs).
         budget = [self.token_budget, p.max_num_batched_tokens]
@@ -238,8 +264,25 @@ class Scheduler:
         if not plan.preempted:
             self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
         plan.scheduled = list(scheduled.values())
+        if self.connector is not None:
+            plan.connector_meta = self.connector.build_connector_meta(self._step_view(plan))
+            self.finished_since = []
         self._update_after_schedule(plan.scheduled)
         return plan
+
+    def _step_view(self, plan: StepPlan) -> StepView:
+        """This step as vLLM's SchedulerOutput shows it to a connector: new and resumed
+        requests with their whole block table, running ones with this step's new blocks."""
+        kv = self.kv
+        new_ids: dict[str, tuple[list[int], bool]] = {}
+        for c in plan.scheduled:
+            req_id = c.req.req_id
+            ids = kv.block_ids(req_id)
+            held = self._held_before.get(req_id)
+            new_ids[req_id] = (list(ids), True) if held is None else (list(ids[held:]), False)
+        return StepView({c.req.req_id: c.num_new_tokens for c in plan.scheduled},
+                        {c.req.req_id: c.req for c in plan.scheduled}, new_ids,
+                        tuple(r.req_id for r in plan.preempted), tuple(self.finished_since))
 
     def _update_after_schedule(self, chunks: list[Chunk]) -> None:
         """vLLM's ``_update_after_schedule``: the scheduled tokens count as computed."""
@@ -252,6 +295,8 @@ class Scheduler:
                 req.num_in_flight_tokens += c.num_new_tokens
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
             c.samples = not req.is_prefill_chunk
+            if c.samples and self.inflight_prefills:
+                self.inflight_prefills.pop(req.req_id, None)
             if is_async and c.samples:
                 # The sampled token and the drafts are placeholders until the outputs arrive;
                 # the next step already verifies k placeholder drafts.
@@ -335,6 +380,8 @@ class Scheduler:
             if n <= 0:
                 idx += 1
                 continue
+            if self.connector is not None:
+                self._held_before[req.req_id] = len(kv.block_ids(req.req_id))
             while True:
                 new_blocks = kv.allocate_slots(req, n, num_lookahead_tokens=spec.num_lookahead_tokens)
                 if new_blocks is not None:
@@ -379,25 +426,56 @@ class Scheduler:
         k, slots = spec.num_speculative_tokens, self.draft_slots
         lookahead = spec.num_lookahead_tokens if sem.lookahead_on_admission else 0
         running_scheduled = bool(scheduled)  # admissions below don't count for the padding
+        connector, holding = self.connector, self.kv_holding
         skipped: list[Request] = []
-        while budget[0] > 0 and len(waiting):
+        skipped_holding: list[Request] = []
+
+        def skip(queue) -> None:
+            """Set the head aside for this step (vLLM's skip_request): a request holding
+            blocks goes back to the holding queue, the others to the waiting queue."""
+            r = queue.pop()
+            (skipped_holding if r.num_computed_tokens > 0 or r.status is Status.WAITING_FOR_REMOTE_KVS
+             else skipped).append(r)
+
+        while budget[0] > 0:
+            queue = holding if len(holding) else waiting
+            if not len(queue):
+                break
             if budget[1] <= slots or len(self.running) >= p.max_num_seqs:
                 break
-            req = waiting.peek()
+            req = queue.peek()
+            if req.status is Status.WAITING_FOR_REMOTE_KVS:
+                if req.req_id not in self.finished_recving:
+                    skip(queue)
+                    continue
+                self._finish_remote_load(req)
             if req.num_stale_output_tokens:  # async: wait for its in-flight outputs
-                skipped.append(waiting.pop())
+                skip(queue)
                 continue
-            hit_blocks, hit = kv.get_computed_blocks(req)
-            if req.num_preemptions == 0 or (sem.cached_tokens_until_first_token
-                                            and req.num_output_tokens == 0):
-                req.cached_tokens = hit  # PrefillStats: the hit at the admitting lookup
-            if kv.enable_caching and not sem.prefix_stats_at_admission:
-                plan.prefix_cache.record(req.num_tokens, hit, req.num_preemptions > 0)
+            ext, load_async, ext_queries = 0, False, 0
+            if req.num_computed_tokens == 0:
+                hit_blocks, hit = kv.get_computed_blocks(req)
+                if connector is not None:
+                    matched, load_async = connector.get_num_new_matched_tokens(req, hit)
+                    if matched is None:  # the connector cannot tell yet
+                        skip(queue)
+                        continue
+                    ext = matched
+                    ext_queries = req.num_tokens - hit
+                computed = hit + ext
+                if req.num_preemptions == 0 or (sem.cached_tokens_until_first_token
+                                                and req.num_output_tokens == 0):
+                    req.cached_tokens = computed  # PrefillStats: the hit at the admitting lookup
+                    req.external_cached_tokens = ext
+                if kv.enable_caching and not sem.prefix_stats_at_admission:
+                    plan.prefix_cache.record(req.num_tokens, hit, req.num_preemptions > 0)
+            else:  # its blocks were loaded: carry on from them
+                hit_blocks, hit, computed = None, 0, req.num_computed_tokens
             request_budget = min(budget[0], budget[1] - slots)
-            n = req.num_tokens - hit
+            n = 0 if load_async else req.num_tokens - computed
             padded = False
             if (k and n == 1 and not prefill_scheduled and sem.pad_new_decode_to_spec_width
-                    and (running_scheduled or hit > 0) and hit + 1 + k + 1 <= p.max_model_len):
+                    and (running_scheduled or computed > 0) and computed + 1 + k + 1 <= p.max_model_len):
                 # vLLM pads a one-token admission to a full 1 + k verify row (placeholder
                 # drafts) to keep the decode batch uniform, if it fits max_model_len.
                 if 1 + k > request_budget:
@@ -405,41 +483,88 @@ class Scheduler:
                 n, padded = 1 + k, True
             if 0 < threshold < n:
                 n = threshold
-            if not p.enable_chunked_prefill and n > request_budget:
-                break
-            n = min(n, request_budget)
-            if kv.mamba_align:
-                n = self._mamba_block_aligned_split(req, n, hit)
-                if n == 0:
+            if not load_async:
+                if not p.enable_chunked_prefill and n > request_budget:
                     break
-                if padded and n != 1 + k:  # keep all 1 + k rows or none: drop the padding
-                    n, padded = 1, False
-            n = self._reserve_prefill_lookahead(req, hit, n)
-            if n == 0:  # can't end this chunk here
-                if not sem.skip_zero_chunk_admission:
-                    break
-                skipped.append(waiting.pop())  # let the requests behind it go first
-                continue
-            if kv.allocate_slots(req, n, hit, hit_blocks, lookahead,
-                                 full_sequence_must_fit=p.scheduler_reserve_full_isl) is None:
+                n = min(n, request_budget)
+                if kv.mamba_align:
+                    n = self._mamba_block_aligned_split(req, n, hit)
+                    if n == 0:
+                        break
+                    if padded and n != 1 + k:  # keep all 1 + k rows or none: drop the padding
+                        n, padded = 1, False
+                n = self._reserve_prefill_lookahead(req, computed, n)
+                if n == 0:  # can't end this chunk here
+                    if not sem.skip_zero_chunk_admission:
+                        break
+                    skip(queue)  # let the requests behind it go first
+                    continue
+            # An asynchronous load holds its blocks with no progress: admit it only if it
+            # leaves the blocks the requests still prefilling need.
+            reserved = self._inflight_reserved_blocks() if load_async else 0
+            if kv.allocate_slots(req, n, hit, hit_blocks, 0 if load_async else lookahead,
+                                 full_sequence_must_fit=p.scheduler_reserve_full_isl,
+                                 num_external_computed_tokens=ext, delay_cache_blocks=load_async,
+                                 reserved_blocks=reserved) is None:
                 break  # strict head-of-line blocking
-            if kv.enable_caching and sem.prefix_stats_at_admission:  # blocked lookups don't count
+            if connector is not None:
+                self._connector_allocated(req, ext)
+                if ext_queries:
+                    plan.external_prefix_cache.record(ext_queries, ext, req.num_preemptions > 0)
+            if kv.enable_caching and sem.prefix_stats_at_admission and hit_blocks is not None:
                 plan.prefix_cache.record(req.num_tokens, hit, req.num_preemptions > 0)
-            waiting.pop()
+            if load_async:
+                req.status = Status.WAITING_FOR_REMOTE_KVS
+                req.num_computed_tokens = computed
+                self.inflight_prefills[req.req_id] = req
+                skip(queue)
+                continue
+            queue.pop()
             self.running.append(req)
             self._num_admitted += 1
             req.rank = self._num_admitted  # orders the running list (lazy decode's events)
             req.status = Status.RUNNING
-            req.num_computed_tokens = hit
-            scheduled[req.req_id] = Chunk(req, n, hit, k if padded else 0, padded)
+            req.num_computed_tokens = computed
+            if connector is not None and computed + n < req.num_tokens:
+                self.inflight_prefills[req.req_id] = req
+            scheduled[req.req_id] = Chunk(req, n, computed, k if padded else 0, padded)
             budget[0] -= n
             budget[1] -= n + slots
         for req in reversed(skipped):  # back to the front, in their order
             waiting.prepend(req)
+        for req in reversed(skipped_holding):
+            holding.prepend(req)
+
+    def _finish_remote_load(self, req: Request) -> None:
+        """vLLM's _update_waiting_for_remote_kv: publish the loaded blocks; a load that
+        reaches the last token gives it back, to be recomputed for its logits."""
+        self.kv.cache_blocks(req, req.num_computed_tokens)
+        if req.num_computed_tokens == req.num_tokens:
+            req.num_computed_tokens -= 1
+        self.finished_recving.discard(req.req_id)
+        req.status = Status.PREEMPTED if req.num_preemptions else Status.WAITING
+
+    def _connector_allocated(self, req: Request, num_external_tokens: int) -> None:
+        kv = self.kv
+        assert isinstance(kv, KVCacheManager)  # the connector takes one full-attention group
+        table = kv.req_to_blocks.get(req.req_id, [])
+        assert self.connector is not None
+        self.connector.update_state_after_alloc(
+            req, [b.block_id for b in table], [b.block_hash is not None for b in table],
+            num_external_tokens)
+
+    def _inflight_reserved_blocks(self) -> int:
+        """Blocks the requests still prefilling need to hold their whole sequence."""
+        kv = self.kv
+        assert isinstance(kv, KVCacheManager)
+        return sum(kv.num_blocks_to_allocate(r.req_id, min(r.num_tokens, self.params.max_model_len), [])
+                   for r in self.inflight_prefills.values())
 
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the blocks (they stay hashed), back to the waiting front."""
         self.kv.free(req)
+        if self.inflight_prefills:
+            self.inflight_prefills.pop(req.req_id, None)
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
         req.num_draft_tokens = 0
@@ -454,7 +579,8 @@ class Scheduler:
 
     # -- outcome -------------------------------------------------------------------------
 
-    def update_from_output(self, plan: StepPlan, accept: Acceptance | None = None
+    def update_from_output(self, plan: StepPlan, accept: Acceptance | None = None,
+                           kv_output: ConnectorOutput | None = None
                            ) -> tuple[list[Request], list[Request]]:
         """Apply a step's outcome. Each request whose chunk reached ``num_tokens`` samples one
         token plus the drafts it accepts (``accept``; rejected drafts roll
@@ -464,6 +590,8 @@ class Scheduler:
 
         Outputs of a request preempted while they were in flight ("stale") are still delivered
         but change no counter; outputs of a request that finished meanwhile are dropped.
+        ``kv_output`` is what the KV connector's worker reports with the step (after the
+        finished requests are freed, as vLLM applies it).
         Returns ``(requests that got their first token, requests that finished)``.
         """
         first: list[Request] = []
@@ -527,6 +655,10 @@ class Scheduler:
                 req.status = Status.FINISHED
                 if not was_running:
                     self.waiting.remove(req)
+                if self.connector is not None:
+                    self.inflight_prefills.pop(req.req_id, None)
+                    self.connector.request_finished(req)
+                    self.finished_since.append(req)
                 self.kv.free(req)
                 finished.append(req)
             elif k and not is_async:
@@ -538,4 +670,13 @@ class Scheduler:
             for r in finished:
                 with suppress(ValueError):  # (it finished while preempted: a late output)
                     self.running.remove(r)
+        if kv_output is not None:
+            self.update_connector_output(kv_output)
         return first, finished
+
+    def update_connector_output(self, kv_output: ConnectorOutput) -> None:
+        """vLLM's _update_from_kv_xfer_finished: the connector learns which transfers are
+        done; requests whose loads finished may be scheduled from the next step on."""
+        assert self.connector is not None
+        self.connector.update_connector_output(kv_output)
+        self.finished_recving.update(kv_output.finished_recving)

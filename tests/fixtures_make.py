@@ -40,8 +40,10 @@ def main() -> int:
     ap.add_argument("--hybrid", action="store_true", help="with hybrid KV groups")
     ap.add_argument("--mamba", action="store_true", help="hybrid KV groups with a Mamba group")
     ap.add_argument("--async", dest="async_", action="store_true", help="asynchronous scheduling")
+    ap.add_argument("--offload", action="store_true", help="native CPU offloading (0.33)")
     ap.add_argument("--cases", nargs="*", metavar="SEED[:MIX]",
-                    help="record these seeds (MIX: spec,hybrid|mamba,async) into vllm-VERSION-regressions")
+                    help="record these seeds (MIX: spec,hybrid|mamba,async,offload) into "
+                         "vllm-VERSION-regressions (added to the cases there)")
     ap.add_argument("--rerecord", action="store_true",
                     help="run the scenarios of every tests/fixtures/vllm-VERSION*.json.gz again")
     args = ap.parse_args()
@@ -60,16 +62,24 @@ def main() -> int:
             hybrid = "mamba" if "mamba" in flags else "hybrid" in flags
             scenarios.append(random_scenario(int(seed), spec="spec" in flags, hybrid=hybrid,
                                              version=args.version,
-                                             async_scheduling="async" in flags))
+                                             async_scheduling="async" in flags,
+                                             offload="offload" in flags))
     else:
         hybrid = "mamba" if args.mamba else args.hybrid
         scenarios = [random_scenario(s, spec=args.spec, hybrid=hybrid, async_scheduling=args.async_,
-                                     version=args.version)
+                                     version=args.version, offload=args.offload)
                      for s in range(args.first_seed, args.first_seed + args.count)]
     tag = "-regressions" if args.cases else "".join(
         t for t, on in (("-spec", args.spec), ("-hybrid", args.hybrid), ("-mamba", args.mamba),
-                        ("-async", args.async_)) if on)
+                        ("-async", args.async_), ("-offload", args.offload)) if on)
     dest = ROOT / "tests" / "fixtures" / f"vllm-{args.version}{tag}.json.gz"
+    if args.cases and dest.exists():  # regressions accumulate: replace same seeds, keep the rest
+        data = json.loads(gzip.decompress(dest.read_bytes()))
+        new = record(args, scenarios)
+        seeds = {c["scenario"]["seed"] for c in new}
+        data["cases"] = [c for c in data["cases"] if c["scenario"]["seed"] not in seeds] + new
+        write(dest, data)
+        return 0
     write(dest, {"vllm_version": args.version, "generator": "kvsim.oracle.fuzz",
                  "spec": args.spec, "hybrid": "mamba" if args.mamba else args.hybrid,
                  "async": args.async_, "cases": record(args, scenarios)})

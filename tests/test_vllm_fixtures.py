@@ -5,7 +5,10 @@ tests/fixtures/vllm-<release>[-spec][-hybrid|-mamba][-async].json.gz hold fuzzed
 run on CPU with fake model outputs by kvsim/oracle/vllm_driver.py (regenerate with
 tests/fixtures_make.py); "-spec" files add speculative decoding (drafts accepted per a
 recorded list), "-hybrid" files several KV-cache groups, "-mamba" layouts with a Mamba group,
-"-async" asynchronous scheduling (the batch queue of two); "-regressions" files hold the cases
+"-async" asynchronous scheduling (the batch queue of two), "-offload" native CPU offloading
+(vLLM's OffloadingConnector, its transfers finished by a fake worker after 0-3 steps; each
+request's external cached tokens and the external_prefix_cache counters are compared too);
+"-regressions" files hold the cases
 named in REGRESSIONS below. kvsim must reproduce every recorded field: each step's
 scheduled tokens in order, preemptions, the block tables' fingerprint, free blocks and
 prefix-cache stats; each request's cached tokens, preemptions and first/last steps; and the
@@ -45,6 +48,11 @@ def test_fixtures_exercise_the_hard_paths():
     assert sum(v["totals"]["prefix_cache_hits"] > 0 for v in vllm) >= 50
     assert sum(v["totals"]["preempted_hits"] > 0 for v in vllm) >= 10
     assert sum(c["scenario"]["engine"]["scheduling_policy"] == "priority" for c in cs) >= 10
+    # The offload tier: external hits, lookups of preempted requests, transfers of 0-3 steps.
+    off = [c for c in cs if "kv_offloading" in c["scenario"]["engine"]]
+    assert sum(c["vllm"]["totals"]["external_prefix_cache_hits"] > 0 for c in off) >= 20
+    assert sum(c["vllm"]["totals"]["external_preempted_requests"] > 0 for c in off) >= 10
+    assert {c["scenario"]["engine"]["kv_offloading"]["transfer_delay"] for c in off} >= {0, 1, 3}
 
 
 # Mismatches found while building kvsim, each pinned to the recorded case that exposed it.
@@ -87,6 +95,10 @@ REGRESSIONS = {
     ("vllm-0.33.0-regressions", 800274): "multi-module MTP (k = 2): a sliding window keeps the "
                                          "k - 1 re-prefillable tokens below it "
                                          "(extra_retained_tokens)",
+    ("vllm-0.33.0-regressions", 100272): "offloading: requests that finish in the same step have "
+                                         "their chunks stored and their LRU recency committed in "
+                                         "the order they finished (the driver fixes vLLM's "
+                                         "hash-ordered finished_req_ids to that order)",
 }
 
 

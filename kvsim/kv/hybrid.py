@@ -569,8 +569,12 @@ class HybridKVCacheManager:
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: dict | None = None, num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> list[Block] | None:
-        """As ``KVCacheManager.allocate_slots``, for every group at once."""
+                       full_sequence_must_fit: bool = False, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, reserved_blocks: int = 0
+                       ) -> list[Block] | None:
+        """As ``KVCacheManager.allocate_slots``, for every group at once (no KV connector
+        yet: no external tokens)."""
+        assert not (num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         hit = new_computed_blocks or {}
         local = req.num_computed_tokens + num_new_computed_tokens
         total = min(local, self.max_model_len)

@@ -49,7 +49,9 @@ class KVManager(Protocol):
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None, num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> list[Block] | None: ...
+                       full_sequence_must_fit: bool = False, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, reserved_blocks: int = 0
+                       ) -> list[Block] | None: ...
 
     def cache_blocks(self, req: Request, num_tokens: int, /) -> None: ...
 
@@ -127,16 +129,22 @@ class KVCacheManager:
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[Block] | None = None,
                        num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> list[Block] | None:
+                       full_sequence_must_fit: bool = False, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, reserved_blocks: int = 0
+                       ) -> list[Block] | None:
         """Give ``req`` slots for ``num_new_tokens`` (+ lookahead); None if the pool can't.
 
         Mutates the pool and the request's block table only on success. With
         ``full_sequence_must_fit`` (vLLM's ``scheduler_reserve_full_isl``), a request is
         admitted only if blocks for its whole ``num_tokens`` fit, not just this chunk.
+        ``num_external_computed_tokens`` follow the local hit and get fresh blocks (a KV
+        connector fills them); ``delay_cache_blocks`` leaves publishing them until the load
+        is done; ``reserved_blocks`` must stay free (other asynchronous loads' reservations).
         """
         mml = self.max_model_len
-        total_computed = min(req.num_computed_tokens + num_new_computed_tokens, mml)
-        if not new_computed_blocks and not full_sequence_must_fit:
+        total_computed = min(req.num_computed_tokens + num_new_computed_tokens
+                             + num_external_computed_tokens, mml)
+        if not new_computed_blocks and not full_sequence_must_fit and not num_external_computed_tokens:
             # The common case, a running request within the blocks it holds: nothing to
             # allocate, perhaps blocks to publish (the same steps as below, written tight).
             table = self.req_to_blocks.get(req.req_id)
@@ -157,7 +165,7 @@ class KVCacheManager:
             if self.num_blocks_to_allocate(req.req_id, full, hit) > free:
                 return None
         num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, mml)
-        if self.num_blocks_to_allocate(req.req_id, num_tokens_need_slot, hit) > free:
+        if self.num_blocks_to_allocate(req.req_id, num_tokens_need_slot, hit) > free - reserved_blocks:
             return None
         table = self.req_to_blocks.setdefault(req.req_id, [])
         if hit:
@@ -167,7 +175,7 @@ class KVCacheManager:
         num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(table)
         new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         table.extend(new_blocks)
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             # Drafts are never cached: the count stops at num_tokens.
             self.cache_blocks(req, min(total_computed + num_new_tokens, req.num_tokens))
         return new_blocks

@@ -66,11 +66,13 @@ def _mamba_groups(rng: random.Random, k: int, checkpoints: bool,
 
 
 def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
-                    async_scheduling: bool = False, version: str | None = None) -> dict:
+                    async_scheduling: bool = False, version: str | None = None,
+                    offload: bool = False) -> dict:
     """A seeded scenario; ``spec`` adds speculative decoding, ``hybrid`` a multi-group layout
     (``"mamba"``: one with a Mamba group), ``async_scheduling`` vLLM's asynchronous
-    scheduler. With ``version``, settings that release lacks (Mamba checkpoints inside a
-    chunk, a periodic retention interval) are left out; the draws are the same, so a seed
+    scheduler, ``offload`` native CPU offloading (its draws from a stream of their own). With
+    ``version``, settings that release lacks (Mamba checkpoints inside a chunk, a periodic
+    retention interval) are left out; the draws are the same, so a seed
     gives every release the same scenario otherwise."""
     sem = semantics_for(version) if version is not None else None
     rng = random.Random(seed)
@@ -167,7 +169,27 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
     if spec and engine["speculative"]["method"] in EAGLE_METHODS and rng.random() < 0.3:
         # 0.33: back from lookahead block hashes to the block drop (other releases drop anyway).
         engine["speculative"]["disable_lookahead_block_hashes"] = True
+    if offload:  # (vLLM's connector needs the block hashes prefix caching makes)
+        engine["enable_prefix_caching"] = True
+        engine["kv_offloading"] = _offloading(random.Random(f"offload-{seed}"),
+                                              engine["num_gpu_blocks"])
     return {"seed": seed, "engine": engine, "requests": requests}
+
+
+def _offloading(rng: random.Random, num_gpu_blocks: int) -> dict:
+    """A CPU tier from one chunk (evicting all the time) to several GPU pools, chunks of 1-4
+    blocks, sometimes a store threshold or decode tokens stored, transfers of 0-3 steps."""
+    off: dict[str, Any] = {
+        "cpu_chunks": rng.choice([1, 3, max(1, num_gpu_blocks // 4), num_gpu_blocks,
+                                  4 * num_gpu_blocks]),
+        "blocks_per_chunk": rng.choice([1, 1, 2, 4]),
+        "transfer_delay": rng.choice([0, 0, 1, 3]),
+    }
+    if rng.random() < 0.2:
+        off["store_threshold"] = 2
+    if rng.random() < 0.2:
+        off["offload_prompt_only"] = False
+    return off
 
 
 def to_driver(scenario: dict) -> dict:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import deque
+from typing import Any
 
 from kvsim.assemble import assemble_scheduler
 from kvsim.config import check_groups_for_release, check_retention_interval
+from kvsim.kv.connector import StepDelayWorker
 from kvsim.kv.hybrid import GroupSpec
+from kvsim.kv.offload import OffloadParams
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.schema import vllm_retention
@@ -29,7 +32,10 @@ ENGINE_DEFAULTS = {
     "scheduling_policy": "fcfs", "scheduler_reserve_full_isl": True,
 }
 REQUEST_FIELDS = ("cached_tokens", "num_preemptions", "first_scheduled_step", "first_token_step",
-                  "finish_step", "num_output_tokens")
+                  "finish_step", "num_output_tokens", "external_cached_tokens")
+EXTERNAL_TOTALS = ("external_prefix_cache_queries", "external_prefix_cache_hits",
+                   "external_prefix_cache_requests", "external_preempted_queries",
+                   "external_preempted_hits", "external_preempted_requests")
 
 
 def prompt_of(spec: dict):
@@ -62,10 +68,16 @@ def build(engine: dict, version: str) -> Scheduler:
     retention = check_retention_interval(
         "engine.prefix_cache_retention_interval", e.get("prefix_cache_retention_interval"), sem,
         groups)
+    off = e.get("kv_offloading")
+    offload = None if off is None else OffloadParams(
+        num_chunks=int(off["cpu_chunks"]), blocks_per_chunk=int(off.get("blocks_per_chunk", 1)),
+        offload_prompt_only=bool(off.get("offload_prompt_only", True)),
+        store_threshold=int(off.get("store_threshold", 0)),
+        eviction_policy=off.get("eviction_policy", "lru"))
     return assemble_scheduler(sem, params, spec, num_gpu_blocks=e["num_gpu_blocks"],
                               block_size=e["block_size"], enable_caching=e["enable_prefix_caching"],
                               kv_groups=groups,
-                              retention_interval=vllm_retention(retention))
+                              retention_interval=vllm_retention(retention), offload=offload)
 
 
 def _accept(req: Request, num_drafts: int) -> int:
@@ -80,7 +92,13 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
 
     ``max_steps`` stops early (vLLM's algorithm can thrash forever in some tiny pools).
     """
-    sched = build(scenario.get("engine", {}), version)
+    engine = scenario.get("engine", {})
+    sched = build(engine, version)
+    # The oracle's fake worker: transfers take a fixed number of schedule() calls.
+    worker = (StepDelayWorker(int(engine["kv_offloading"].get("transfer_delay", 0)))
+              if sched.connector is not None else None)
+    totals = dict.fromkeys(EXTERNAL_TOTALS, 0)
+    calls = 0
     specs = scenario["requests"]
     reqs = []
     for i, s in enumerate(specs):
@@ -113,12 +131,24 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         if (done == len(reqs) and not queue) or (max_steps is not None and step >= max_steps):
             break
         if not sched.num_unfinished and not queue:
+            while worker is not None and sched.has_requests:  # EngineCore steps on, idle
+                plan = sched.schedule()
+                calls += 1
+                worker.submit(plan.connector_meta, calls)
+                sched.update_from_output(plan, _accept, worker.output(calls))
             add_joined(min(join[i] for i in pending))
             continue
         if sched.num_unfinished:
             plan = sched.schedule()
+            calls += 1
+            kv_out = None
+            if worker is not None:
+                worker.submit(plan.connector_meta, calls)
+                kv_out = worker.output(calls)
+                _add_external(totals, plan.external_prefix_cache)
             executed = bool(plan.scheduled)
-            if not (executed or plan.preempted or any(q[0].scheduled for q in queue)):
+            if not (executed or plan.preempted or any(q[0].scheduled for q in queue)
+                    or (worker is not None and (worker.busy or kv_out is not None))):
                 stalled = step  # the release deadlocks here (e.g. 0.19's uncapped window gate)
                 break
             rec = None
@@ -126,14 +156,14 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
                 rec = _record(sched, plan, step, planned)
                 steps.append(rec)
                 step += 1
-            queue.appendleft((plan, rec))
+            queue.appendleft((plan, rec, kv_out))
             if len(queue) < queue_size and (executed or (
                     sched.num_unfinished and not sched.sem.batch_queue_fill_requires_execution)):
                 continue
         elif not queue:
             break
-        plan, rec = queue.pop()
-        first, finished = sched.update_from_output(plan, _accept)
+        plan, rec, kv_out = queue.pop()
+        first, finished = sched.update_from_output(plan, _accept, kv_out)
         if rec is not None:
             for r in first:
                 r.first_token_step = rec["step"]
@@ -143,7 +173,9 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         done += len(finished)
         if check_invariants:
             sched.kv.check_invariants()
-    return {
+            if sched.connector is not None:
+                sched.connector.check_invariants()
+    out: dict[str, Any] = {
         "requests": {r.req_id: {"cached_tokens": r.cached_tokens, "num_preemptions": r.num_preemptions,
                                 "first_scheduled_step": r.first_scheduled_step,
                                 "first_token_step": r.first_token_step, "finish_step": r.finish_step,
@@ -152,6 +184,21 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         "free_queue_end": list(sched.kv.pool.free_queue),
         "stall": stalled,
     }
+    if worker is not None:
+        for r in reqs:
+            out["requests"][r.req_id]["external_cached_tokens"] = (
+                r.external_cached_tokens if r.cached_tokens is not None else None)
+        out["totals"] = totals
+    return out
+
+
+def _add_external(totals: dict, st) -> None:
+    totals["external_prefix_cache_queries"] += st.queries
+    totals["external_prefix_cache_hits"] += st.hits
+    totals["external_prefix_cache_requests"] += st.requests
+    totals["external_preempted_queries"] += st.preempted_queries
+    totals["external_preempted_hits"] += st.preempted_hits
+    totals["external_preempted_requests"] += st.preempted_requests
 
 
 def _record(sched: Scheduler, plan, step: int, planned: dict[str, int]) -> dict:
@@ -212,4 +259,7 @@ def compare(kvsim: dict, vllm: dict, limit: int = 10) -> list[str]:
                 out.append(f"step {vs['step']} {f}: kvsim {a} vllm {b}")
     if kvsim["free_queue_end"] != vllm["free_queue_end"]:
         out.append("free_queue_end differs")
+    for key in EXTERNAL_TOTALS:
+        if key in vllm.get("totals", {}) and kvsim.get("totals", {}).get(key) != vllm["totals"][key]:
+            out.append(f"totals {key}: kvsim {kvsim.get('totals', {}).get(key)} vllm {vllm['totals'][key]}")
     return out[:limit]

@@ -24,32 +24,39 @@ import time
 from pathlib import Path
 
 from kvsim.errors import ConfigError
+from kvsim.kv.offload import OFFLOAD_RELEASES
 from kvsim.oracle.fuzz import random_scenario, to_driver
 from kvsim.oracle.replay import build, compare, drive
 from kvsim.oracle.validate import DRIVER, oracle_python
 from kvsim.semantics import VERSIONS
 
-# (speculative decoding, hybrid groups (True, or "mamba": with a Mamba group), asynchronous)
-Mix = tuple[bool, bool | str, bool]
+# (speculative decoding, hybrid groups (True, or "mamba": with a Mamba group), asynchronous,
+# native CPU offloading)
+Mix = tuple[bool, bool | str, bool, bool]
 MIXES: tuple[Mix, ...] = (
-    (False, False, False), (True, False, False), (False, True, False), (True, True, False),
-    (False, False, True), (True, True, True), (False, "mamba", False), (True, "mamba", False),
-    (True, "mamba", True),
+    (False, False, False, False), (True, False, False, False), (False, True, False, False),
+    (True, True, False, False), (False, False, True, False), (True, True, True, False),
+    (False, "mamba", False, False), (True, "mamba", False, False), (True, "mamba", True, False),
+    (False, False, False, True),
 )
 
 
 def mix_name(mix: tuple) -> str:
-    """A mix as the fixture files name it: plain, spec, hybrid, spec-hybrid, mamba, async, ..."""
-    spec, hybrid, is_async = mix
+    """A mix as the fixture files name it: plain, spec, hybrid, spec-hybrid, mamba, async,
+    offload, ..."""
+    spec, hybrid, is_async, *rest = mix
+    offload = bool(rest and rest[0])
     parts = [p for p, on in (("spec", spec), ("mamba" if hybrid == "mamba" else "hybrid", hybrid),
-                             ("async", is_async)) if on]
+                             ("async", is_async), ("offload", offload)) if on]
     return "-".join(parts) or "plain"
 
 
 def mixes_for(version: str, only: set[str] | None = None) -> list[Mix]:
-    """The mixes this release supports (asynchronous ones where kvsim models its scheduler),
-    limited to the named ones (``mix_name``) when ``only`` is given."""
+    """The mixes this release supports (asynchronous ones where kvsim models its scheduler,
+    offloading where it reproduces the connector), limited to the named ones (``mix_name``)
+    when ``only`` is given."""
     return [m for m in MIXES if (not m[2] or VERSIONS[version].async_modelled)
+            and (not m[3] or version in OFFLOAD_RELEASES)
             and (only is None or mix_name(m) in only)]
 
 
@@ -69,14 +76,14 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
     cases = []
     for i in range(count):
         seed = first_seed + i
-        spec, hybrid, is_async = mixes[i % len(mixes)]
+        spec, hybrid, is_async, offload = mixes[i % len(mixes)]
         sc = random_scenario(seed, spec=spec, hybrid=hybrid, async_scheduling=is_async,
-                             version=version)
+                             version=version, offload=offload)
         try:
             build(sc["engine"], version)
         except ConfigError:
             continue  # a configuration this release refuses at start-up
-        cases.append((seed, (spec, hybrid, is_async), sc))
+        cases.append((seed, (spec, hybrid, is_async, offload), sc))
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps([{**to_driver(sc), "max_schedule_calls": max_calls}
@@ -104,7 +111,7 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
         if mismatches:
             bad += 1
             if len(reports) < 10:
-                reports.append(f"{version} seed {seed} spec/hybrid/async={mix}: " + "; ".join(mismatches))
+                reports.append(f"{version} seed {seed} {mix_name(mix)}: " + "; ".join(mismatches))
     return compared, stalls, bad, refused, reports
 
 

@@ -39,6 +39,15 @@ Input schema (every engine key is optional; the defaults are below):
                        field, "dense" for its None; absent: CacheConfig's own
                        default, i.e. the engine's; releases without the field
                        accept only "dense" and absent)
+          kv_offloading: {cpu_chunks (the CPU tier's size in offload chunks; the
+                       driver sets cpu_bytes_to_use to exactly that many of the
+                       chunks vLLM's CPUOffloadingSpec sizes), eviction_policy
+                       ("lru" | "arc", default "lru"), blocks_per_chunk (default
+                       1), offload_prompt_only (default vLLM's), store_threshold
+                       (default 0), transfer_delay (default 0: see the fake
+                       worker below)}. vLLM's native CPU offloading, wired as
+                       VllmConfig wires --kv-offloading-size with backend
+                       "native" (OffloadingConnector, kv_role kv_both); 0.32+.
   requests[]: req_id, prompt_token_ids, max_tokens, priority (default 0),
           arrival_time (default 0.0), join_step (default 0),
           output_token_id (default -1: the token every sampling step returns),
@@ -222,6 +231,7 @@ ENGINE_DEFAULTS = {
 }
 # Optional engine keys; absent means off (the behaviour before they existed).
 ENGINE_OPTIONAL = (
+    "kv_offloading",
     "speculative",
     "kv_groups",
     "mamba_cache_mode",
@@ -243,6 +253,14 @@ SPEC_KEYS = {
     "prompt_lookup_max",
     "mtp_num_layers",
     *SPEC_FLAGS,
+}
+OFFLOAD_KEYS = {
+    "cpu_chunks",
+    "eviction_policy",
+    "blocks_per_chunk",
+    "offload_prompt_only",
+    "store_threshold",
+    "transfer_delay",
 }
 GROUP_KINDS = ("full_attention", "sliding_window", "mamba")
 GROUP_KEYS = {
@@ -326,6 +344,52 @@ def _check_speculative(spec) -> dict:
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError("engine.speculative.num_speculative_tokens must be an int >= 1")
     return spec
+
+
+def _check_offloading(d) -> dict:
+    if not isinstance(d, dict):
+        raise ValueError("engine.kv_offloading must be an object")
+    unknown = set(d) - OFFLOAD_KEYS
+    if unknown:
+        raise ValueError(f"unknown kv_offloading keys: {sorted(unknown)}")
+    out = dict(d)
+    for key, low in (("cpu_chunks", 1), ("blocks_per_chunk", 1), ("store_threshold", 0),
+                     ("transfer_delay", 0)):
+        if key in out and (not isinstance(out[key], int) or isinstance(out[key], bool)
+                           or out[key] < low):
+            raise ValueError(f"kv_offloading.{key} must be an int >= {low}")
+    if "cpu_chunks" not in out:
+        raise ValueError("kv_offloading.cpu_chunks is required")
+    if out.get("eviction_policy", "lru") not in ("lru", "arc"):
+        raise ValueError("kv_offloading.eviction_policy must be 'lru' or 'arc'")
+    return out
+
+
+def _offload_extra_config(offload: dict) -> dict:
+    """kv_connector_extra_config as a user passes it with --kv-transfer-config beside
+    --kv-offloading-size (cpu_bytes_to_use is set from the planned layout later)."""
+    extra: dict = {"eviction_policy": offload.get("eviction_policy", "lru")}
+    for key in ("blocks_per_chunk", "offload_prompt_only", "store_threshold"):
+        if key in offload:
+            extra[key] = offload[key]
+    return extra
+
+
+def _size_cpu_tier(vllm_config, kv_cache_config, offload: dict) -> int:
+    """Set cpu_bytes_to_use (and kv_offloading_size, GiB) to exactly cpu_chunks of the
+    chunks CPUOffloadingSpec carves: round_up(bytes per GPU block x world size x
+    blocks_per_chunk, page size). Returns the byte count."""
+    import mmap
+
+    from vllm.utils.math_utils import round_up
+
+    per_block = kv_cache_config.kv_cache_tensors[0].size // kv_cache_config.num_blocks
+    world = vllm_config.parallel_config.world_size
+    chunk = round_up(per_block * world * int(offload.get("blocks_per_chunk", 1)), mmap.PAGESIZE)
+    cpu_bytes = int(offload["cpu_chunks"]) * chunk
+    vllm_config.kv_transfer_config.kv_connector_extra_config["cpu_bytes_to_use"] = cpu_bytes
+    vllm_config.cache_config.kv_offloading_size = cpu_bytes / (1 << 30)
+    return cpu_bytes
 
 
 def _check_kv_groups(groups) -> list[dict]:
@@ -535,6 +599,9 @@ def build_scheduler(engine: dict):
     groups_in = engine.get("kv_groups")
     if groups_in is not None:
         groups_in = _check_kv_groups(groups_in)
+    offload = engine.get("kv_offloading")
+    if offload is not None:
+        offload = _check_offloading(offload)
     async_sched = bool(engine.get("async_scheduling", False))
     num_blocks = int(e["num_gpu_blocks"])
     max_model_len = int(e["max_model_len"])
@@ -598,6 +665,13 @@ def build_scheduler(engine: dict):
             )
         else:
             cache_kwargs["prefix_cache_retention_interval"] = int(retention)
+    if offload is not None:
+        if "kv_offloading_size" not in {f.name for f in dataclasses.fields(CacheConfig)}:
+            raise ValueError("engine.kv_offloading: this vLLM has no kv_offloading_size")
+        # --kv-offloading-size N --kv-offloading-backend native; the size is made exact
+        # below, once the layout (bytes per block) is planned.
+        cache_kwargs["kv_offloading_size"] = 1.0
+        cache_kwargs["kv_offloading_backend"] = "native"
     cache_config = _call_filtered(CacheConfig, cache_kwargs, dropped, "CacheConfig")
     vc_kwargs: dict = dict(
         model_config=model_config,
@@ -605,6 +679,13 @@ def build_scheduler(engine: dict):
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
     )
+    if offload is not None:
+        from vllm.config import KVTransferConfig
+
+        # VllmConfig's post-init adds the connector, kv_role and cpu_bytes_to_use.
+        vc_kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector_extra_config=_offload_extra_config(offload)
+        )
     if spec_in is not None:
         from vllm.config import ParallelConfig
 
@@ -701,6 +782,8 @@ def build_scheduler(engine: dict):
                 )
             )
     kv_cache_config = _plan_kv_cache_config(vllm_config, groups, num_blocks)
+    if offload is not None:
+        _size_cpu_tier(vllm_config, kv_cache_config, offload)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     vllm_config.cache_config.num_cpu_blocks = 0
 
@@ -772,7 +855,14 @@ def build_scheduler(engine: dict):
         # (uniproc/multiproc: 2 with async scheduling and no PP).
         queue_size = int(getattr(vllm_config, "max_concurrent_batches", 2) or 2)
         queue_rule = _batch_queue_rule()
+    if offload is not None:
+        manager = sched.connector.connector_scheduler.manager
+        if manager._num_chunks != int(offload["cpu_chunks"]):
+            raise RuntimeError(
+                f"CPU tier has {manager._num_chunks} chunks, wanted {offload['cpu_chunks']}"
+            )
     info = {
+        "offload_delay": int(offload.get("transfer_delay", 0)) if offload else None,
         "num_groups": len(groups),
         "nested_block_ids": groups_in is not None,
         "spec_k": int(spec_in["num_speculative_tokens"]) if spec_in is not None else 0,
@@ -863,6 +953,82 @@ def _model_runner_output(req_ids: list[str], sampled: list[list[int]]):
     return ModelRunnerOutput(**kwargs)
 
 
+class _InsertionOrderedSet:
+    """Scheduler.finished_req_ids with its requests in the order they finished.
+
+    vLLM keeps a plain set, and the offloading connector stores finished requests' chunks
+    and commits their LRU recency by iterating it: an order that depends on the process's
+    string hashes (PYTHONHASHSEED), so vLLM itself may evict differently from run to run
+    when requests finish in the same step. With offloading the driver puts this in its
+    place after every schedule(): one of the orders vLLM can take, and one kvsim takes."""
+
+    def __init__(self):
+        self._d: dict[str, None] = {}
+
+    def add(self, x: str) -> None:
+        self._d[x] = None
+
+    def discard(self, x: str) -> None:
+        self._d.pop(x, None)
+
+    def __contains__(self, x) -> bool:
+        return x in self._d
+
+    def __iter__(self):
+        return iter(list(self._d))
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class _FakeOffloadWorker:
+    """The worker side of native CPU offloading with the copy engine faked: which
+    transfer jobs each step's output reports done (a load also as finished_recving).
+
+    As OffloadingConnectorWorker does, a load job is submitted in the step whose
+    scheduler output carries it and a store job in the step after (its KV is written
+    by that step's forward pass); a job in jobs_to_flush is submitted and waited for
+    in the step that lists it. A submitted job is reported done `delay` schedule()
+    calls later (0: in the same step's output)."""
+
+    def __init__(self, delay: int):
+        self.delay = delay
+        self.due: dict[int, tuple[int, str | None]] = {}  # job id -> (call, load's req id)
+
+    def on_schedule(self, so, call: int, sched=None) -> None:
+        if sched is not None:
+            sched.finished_req_ids = _InsertionOrderedSet()
+        meta = so.kv_connector_metadata
+        if meta is None:
+            return
+        for job_id, job in meta.load_jobs.items():
+            self.due[job_id] = (call + self.delay, job.req_id)
+        for job_id in meta.store_jobs:
+            self.due[job_id] = (call + 1 + self.delay, None)
+        for job_id in meta.jobs_to_flush or ():
+            if job_id in self.due:
+                self.due[job_id] = (min(self.due[job_id][0], call), self.due[job_id][1])
+
+    def output(self, call: int):
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingWorkerMetadata,
+        )
+        from vllm.v1.outputs import KVConnectorOutput
+
+        done = sorted(j for j, (c, _) in self.due.items() if c <= call)
+        if not done:
+            return None
+        recving = {self.due[j][1] for j in done if self.due[j][1] is not None}
+        meta = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(done, 1))
+        for j in done:
+            del self.due[j]
+        return KVConnectorOutput(finished_recving=recving or None, kv_connector_worker_meta=meta)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.due)
+
+
 DRAFT_TOKEN_ID = 2**30 + 7  # any id that is not vLLM's -1 placeholder
 
 
@@ -884,6 +1050,17 @@ _STAT_KEYS = (
 
 def _prefix_stats_dict(st) -> dict:
     return {k: int(getattr(st, k, 0)) if st is not None else 0 for k in _STAT_KEYS}
+
+
+def _take_connector_stats(sched) -> dict:
+    """The connector's prefix-cache stats recorded by the last schedule() (vLLM's
+    external_prefix_cache_*), reset as make_stats() resets them."""
+    st = getattr(sched, "connector_prefix_cache_stats", None)
+    if st is None:
+        return _prefix_stats_dict(None)
+    out = _prefix_stats_dict(st)
+    sched.connector_prefix_cache_stats = type(st)()
+    return out
 
 
 def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
@@ -995,6 +1172,9 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
     is_async = info["async"]
     queue_size = info["queue_size"]
     queue_rule = info["queue_rule"]
+    worker = _FakeOffloadWorker(info["offload_delay"]) if info["offload_delay"] is not None else None
+    if worker is not None:
+        sched.finished_req_ids = _InsertionOrderedSet()
 
     out_tok = {str(s["req_id"]): int(s.get("output_token_id", -1)) for s in specs}
     accept_plan: dict[str, list[int]] = {}
@@ -1018,6 +1198,9 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
         }
         for rid in ids
     }
+    if worker is not None:
+        for pr in per_req.values():
+            pr["external_cached_tokens"] = None
     if spec_k:
         for pr in per_req.values():
             pr["num_draft_tokens"] = 0
@@ -1034,6 +1217,10 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
         "preempted_hits": 0,
         "preempted_requests": 0,
     }
+    if worker is not None:
+        totals.update(dict.fromkeys(("external_prefix_cache_queries", "external_prefix_cache_hits",
+                                     "external_prefix_cache_requests", "external_preempted_queries",
+                                     "external_preempted_hits", "external_preempted_requests"), 0))
     error = None
     stall = None
     step = 0
@@ -1054,6 +1241,20 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
             else:
                 still.append(s)
         pending = still
+
+    def take_stats(rec_stats: dict | None = None) -> dict:
+        cst = _take_connector_stats(sched)
+        if worker is not None:
+            for k in _STAT_KEYS:
+                name = k if k.startswith("preempted") else "prefix_cache_" + k
+                totals["external_" + name] += cst[k]
+        return cst
+
+    def with_transfers(mro, call: int):
+        """Attach the fake worker's report for this schedule() call."""
+        if worker is not None:
+            mro.kv_connector_output = worker.output(call)
+        return mro
 
     def process_output(so, mro, rec, spec_info) -> None:
         """update_from_output for one batch, and what it produced."""
@@ -1080,6 +1281,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                     ps = getattr(o, "prefill_stats", None)
                     if ps is not None:
                         pr["cached_tokens"] = int(ps.num_cached_tokens)
+                        if worker is not None:
+                            pr["external_cached_tokens"] = int(ps.num_external_cached_tokens)
                     elif getattr(o, "num_cached_tokens", None) is not None:
                         # pragma: no cover - older releases
                         pr["cached_tokens"] = int(o.num_cached_tokens)
@@ -1116,14 +1319,26 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
 
         if len(reqs) == len(finished) and not queue:
             # Idle: see the docstring.
-            if sched.has_requests():
+            # EngineCore keeps stepping while finished ids are to be returned or the
+            # connector has transfers in flight (Scheduler.has_requests).
+            idle_error = False
+            while sched.has_requests():
                 so = sched.schedule()
                 n_calls += 1
+                if worker is not None:
+                    worker.on_schedule(so, n_calls, sched)
                 pst = _prefix_stats_dict(kvm.make_prefix_cache_stats())
-                if so.total_num_scheduled_tokens != 0 or any(pst.values()):
-                    error = "idle schedule() call scheduled tokens or recorded stats"
+                if so.total_num_scheduled_tokens != 0 or any(pst.values()) or any(
+                    take_stats().values()
+                ):
+                    idle_error = True
                     break
-                sched.update_from_output(so, _model_runner_output([], []))
+                sched.update_from_output(so, with_transfers(_model_runner_output([], []), n_calls))
+                if n_calls >= max_steps:
+                    break
+            if idle_error:
+                error = "idle schedule() call scheduled tokens or recorded stats"
+                break
             add_joined(min(int(s.get("join_step", 0)) for s in pending))
             continue
 
@@ -1133,6 +1348,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
             running_before = {r.request_id for r in sched.running} if spec_k else ()
             so = sched.schedule()
             n_calls += 1
+            if worker is not None:
+                worker.on_schedule(so, n_calls, sched)
             # Prefix-cache stats are recorded inside schedule(). Read and reset
             # them now, before make_stats() in update_from_output takes them.
             pstats = _prefix_stats_dict(kvm.make_prefix_cache_stats())
@@ -1142,6 +1359,7 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
             totals["preempted_queries"] += pstats["preempted_queries"]
             totals["preempted_hits"] += pstats["preempted_hits"]
             totals["preempted_requests"] += pstats["preempted_requests"]
+            cstats = take_stats()
 
             nst = dict(so.num_scheduled_tokens)
             preempted = sorted(so.preempted_req_ids or ())
@@ -1149,7 +1367,9 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
 
             if not executed and not preempted and not any(
                 q[0].total_num_scheduled_tokens > 0 for q in queue
-            ) and sched.get_num_unfinished_requests() > 0:
+            ) and sched.get_num_unfinished_requests() > 0 and not (
+                worker is not None and worker.busy
+            ):
                 # Unfinished requests exist, nothing was scheduled and nothing
                 # is in flight. With no connector nothing changes until a step
                 # runs, so this is a stall. Requests that have not joined
@@ -1232,6 +1452,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                     "usage": None,
                     "prefix_cache": pstats,
                 }
+                if worker is not None:
+                    rec["external_prefix_cache"] = cstats
                 if spec_k:
                     rec["spec"] = spec_rec
                 if is_async:
@@ -1240,6 +1462,7 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                 step += 1
             else:
                 mro = _model_runner_output([], [])
+            with_transfers(mro, n_calls)
             queue.appendleft((so, mro, rec, spec_info))
             if len(queue) < queue_size and (
                 executed if queue_rule == "not_done" else executed or sched.has_requests()

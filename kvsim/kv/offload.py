@@ -1,0 +1,595 @@
+"""vLLM 0.33's native CPU offloading, scheduler side: ``OffloadingConnectorScheduler``
+(``distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``), ``CPUOffloadingManager``
+(``v1/kv_offload/cpu/manager.py``) and its LRU policy (``cpu/policies/lru.py``).
+
+The tier holds ``num_chunks`` chunks of ``blocks_per_chunk`` GPU blocks, keyed by the block
+hash at each chunk's last block. Covered so far: one full-attention KV group, the LRU
+policy, ``offload_prompt_only``, ``store_threshold``; a layout or policy outside that is
+refused where the connector is built.
+
+- Lookups (``get_num_new_matched_tokens``) start at the chunk holding the local GPU hit,
+  take whole consecutive chunks and are capped at the request's ``num_tokens`` (not
+  ``num_tokens - 1``); a hit chunk whose store has not finished, or that another request is
+  loading, defers the request. A request with transfers in flight is deferred too.
+- Loads are asynchronous: the request holds its blocks until the worker reports the load.
+- Stores are write-through: each step, the chunks a scheduled (or just finished) request
+  fills are offered to the tier; chunks already there are only touched; a store that
+  eviction cannot make room for is refused whole and offered again the next step.
+- LRU: a request's chunks share one provisional rank (later positions evicted first) until
+  it finishes, when its chunks' recency is committed tail first.
+- A finished request's pending stores read blocks the GPU pool may hand out again: a step
+  that re-allocates such a block flushes the store (the worker finishes it at once), as
+  does preempting a request with stores in flight.
+
+Pure Python, no SimPy; ``check_invariants`` checks the manager's counts.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import Enum
+from itertools import chain
+from typing import Literal
+
+from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, StepView, TransferJob
+from kvsim.kv.hashing import BlockHasher
+from kvsim.request import Request
+
+# Releases whose OffloadingConnector kvsim reproduces (checked against each one's own code).
+OFFLOAD_RELEASES = ("0.33.0",)
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadParams:
+    """vLLM's native CPU offloading, as ``--kv-offloading-size`` and the connector's extra
+    config set it: the tier's size in chunks (kvsim sizes it from the GiB and the layout),
+    ``blocks_per_chunk`` GPU blocks a chunk, ``offload_prompt_only``, ``store_threshold``
+    (a chunk is stored once offered that many times; below 2, always)."""
+
+    num_chunks: int
+    blocks_per_chunk: int = 1
+    offload_prompt_only: bool = True
+    store_threshold: int = 0
+    eviction_policy: Literal["lru", "arc"] = "lru"
+
+
+class Lookup(Enum):
+    MISS = 0
+    HIT = 1
+    HIT_PENDING = 2
+
+
+@dataclass(slots=True)
+class _Chunk:
+    chunk_id: int
+    ref_cnt: int = -1  # -1: being written, not readable yet
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ref_cnt >= 0
+
+
+@dataclass(slots=True)
+class _Access:
+    """One request's view of the tier (vLLM's ``ReqContext`` with the manager's and the
+    policy's per-request state)."""
+
+    positions: dict[int, int] = field(default_factory=dict)  # key -> end token
+    rank: int | None = None
+    seen: list[int] = field(default_factory=list)
+    seen_set: set[int] = field(default_factory=set)
+    store_miss: set[int] = field(default_factory=set)
+    finished: bool = False
+
+
+class LRUPolicy:
+    """``LRUCachePolicy``: ranks (request rank, -position) while a request runs, fresh ranks
+    when it finishes; evictable chunks in a lazily invalidated heap."""
+
+    def __init__(self):
+        self.chunks: dict[int, _Chunk] = {}
+        self.ranks: dict[int, tuple[int, int]] = {}
+        self.evictable: set[int] = set()
+        self.heap: list[tuple[tuple[int, int], int]] = []
+        self.next_rank = 0
+
+    def request_rank(self, acc: _Access) -> int:
+        if acc.rank is None:
+            self.next_rank += 1
+            acc.rank = self.next_rank
+        return acc.rank
+
+    def _push(self, key: int) -> None:
+        heapq.heappush(self.heap, (self.ranks[key], key))
+
+    def _compact(self) -> None:
+        if len(self.heap) >= max(64, 2 * len(self.evictable)):
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.heap = [(self.ranks[k], k) for k in self.evictable]
+        heapq.heapify(self.heap)
+
+    def _update_heap(self, keys: list[int]) -> None:
+        if not keys:
+            return
+        if len(keys) >= max(64, len(self.evictable) // 4):
+            self._rebuild()
+        else:
+            for k in keys:
+                self._push(k)
+            self._compact()
+
+    def insert(self, key: int, chunk: _Chunk, acc: _Access) -> None:
+        self.chunks[key] = chunk
+        pos = acc.positions.get(key)
+        if pos is None:
+            self.next_rank += 1
+            self.ranks[key] = (self.next_rank, 0)
+        else:
+            self.ranks[key] = (self.request_rank(acc), -pos)
+        if chunk.ref_cnt == 0:
+            self.evictable.add(key)
+            self._push(key)
+
+    def update_recency(self, keys) -> None:
+        updated = []
+        for key in keys:
+            if key not in self.chunks:
+                continue
+            self.next_rank += 1
+            self.ranks[key] = (self.next_rank, 0)
+            if key in self.evictable:
+                updated.append(key)
+        self._update_heap(updated)
+
+    def on_request_access(self, keys: list[int], acc: _Access) -> None:
+        rank = self.request_rank(acc)
+        updated = []
+        for key in keys:
+            pos = acc.positions.get(key)
+            if pos is None or key not in self.chunks:
+                continue
+            r = (rank, -pos)
+            if self.ranks[key] >= r:
+                continue
+            self.ranks[key] = r
+            if key in self.evictable:
+                updated.append(key)
+        self._update_heap(updated)
+
+    def on_request_finished(self, keys: list[int], acc: _Access) -> None:
+        if all(k in acc.positions for k in keys):
+            keys = sorted(keys, key=acc.positions.__getitem__)
+        self.update_recency(reversed(keys))
+
+    def evict(self, n: int, protected: set[int]) -> list[tuple[int, _Chunk]] | None:
+        if n == 0:
+            return []
+        selected: list[tuple[tuple[tuple[int, int], int], _Chunk]] = []
+        keys: set[int] = set()
+        deferred = []
+        while self.heap and len(selected) < n:
+            entry = heapq.heappop(self.heap)
+            rank, key = entry
+            if key not in self.evictable or self.ranks.get(key) != rank or key in keys:
+                continue
+            if key in protected:
+                deferred.append(entry)
+                continue
+            selected.append((entry, self.chunks[key]))
+            keys.add(key)
+        if len(selected) < n:
+            for entry, _ in selected:
+                heapq.heappush(self.heap, entry)
+            for entry in deferred:
+                heapq.heappush(self.heap, entry)
+            return None
+        for entry in deferred:
+            heapq.heappush(self.heap, entry)
+        out = []
+        for (_, key), chunk in selected:
+            self.evictable.remove(key)
+            del self.chunks[key]
+            del self.ranks[key]
+            out.append((key, chunk))
+        self._compact()
+        return out
+
+    def mark_evictable(self, key: int) -> None:
+        self.evictable.add(key)
+        self._push(key)
+        self._compact()
+
+    def mark_non_evictable(self, key: int) -> None:
+        self.evictable.remove(key)
+
+
+class CPUOffloadingManager:
+    """``CPUOffloadingManager``: a pool of ``num_chunks`` slots, reference counts (-1 while a
+    store is pending), the policy's eviction, ``store_threshold``'s offer counts."""
+
+    def __init__(self, num_chunks: int, store_threshold: int = 0, max_tracker_size: int = 64_000):
+        self.num_chunks = num_chunks
+        self.num_allocated = 0
+        self.free_list: list[int] = []
+        self.policy = LRUPolicy()
+        self.num_evictable = 0
+        self.num_write_pending = 0
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        self.counts: OrderedDict[int, int] | None = OrderedDict() if store_threshold >= 2 else None
+        self.num_stores_skipped = 0
+
+    def lookup(self, key: int) -> Lookup:
+        chunk = self.policy.chunks.get(key)
+        if chunk is None:
+            return Lookup.MISS
+        return Lookup.HIT if chunk.is_ready else Lookup.HIT_PENDING
+
+    def _num_free(self) -> int:
+        return len(self.free_list) + self.num_chunks - self.num_allocated
+
+    def _record_access(self, keys, acc: _Access) -> None:
+        new = []
+        for key in keys:
+            if key in acc.seen_set:
+                continue
+            acc.seen.append(key)
+            acc.seen_set.add(key)
+            new.append(key)
+        if new:
+            self.policy.on_request_access(new, acc)
+
+    def _record_offers(self, keys: list[int]) -> None:
+        counts = self.counts
+        assert counts is not None
+        protected = set()
+        for key in keys:
+            if key in counts:
+                counts.move_to_end(key)
+                counts[key] += 1
+                protected.add(key)
+        unprotected = len(counts) - len(protected)
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= self.max_tracker_size:
+                if unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                unprotected -= 1
+            counts[key] = 1
+
+    def prepare_load(self, keys: list[int], acc: _Access) -> None:
+        for key in keys:
+            chunk = self.policy.chunks[key]
+            assert chunk.is_ready
+            if chunk.ref_cnt == 0:
+                self.policy.mark_non_evictable(key)
+                self.num_evictable -= 1
+            chunk.ref_cnt += 1
+        self._record_access(keys, acc)
+
+    def complete_load(self, keys) -> None:
+        for key in keys:
+            chunk = self.policy.chunks[key]
+            chunk.ref_cnt -= 1
+            if chunk.ref_cnt == 0:
+                self.num_evictable += 1
+                self.policy.mark_evictable(key)
+
+    def prepare_store(self, keys: list[int], acc: _Access) -> list[int] | None:
+        """The keys to write (absent ones), or None when eviction cannot make room."""
+        if self.counts is not None:
+            self._record_offers(keys)
+        chunks = self.policy.chunks
+        to_store = [k for k in keys if k not in chunks]
+        ready = {k for k in keys if k in chunks and chunks[k].is_ready}
+        if self.counts is not None:
+            n = len(to_store)
+            to_store = [k for k in to_store if self.counts.get(k, 0) >= self.store_threshold]
+            self.num_stores_skipped += n - len(to_store)
+        misses = [k for k in to_store if k not in acc.store_miss]
+        if misses:
+            # The policy's on_store_miss is LRU's touch: fresh ranks, tail first.
+            self.policy.update_recency(reversed(misses))
+            acc.store_miss.update(misses)
+        recorded = set(to_store) | ready
+        self._record_access([k for k in keys if k in recorded], acc)
+        if not to_store:
+            return []
+        evict = len(to_store) - self._num_free()
+        if evict > 0:
+            if evict > self.num_evictable:
+                return None
+            evicted = self.policy.evict(evict, set(keys))
+            if evicted is None:
+                return None
+            self.num_evictable -= len(evicted)
+            self.free_list.extend(chunk.chunk_id for _, chunk in evicted)
+        for key in to_store:
+            if self.num_allocated < self.num_chunks:
+                chunk = _Chunk(self.num_allocated)
+                self.num_allocated += 1
+            else:
+                chunk = _Chunk(self.free_list.pop())
+            self.policy.insert(key, chunk, acc)
+        self.num_write_pending += len(to_store)
+        return to_store
+
+    def complete_store(self, keys) -> None:
+        for key in keys:
+            chunk = self.policy.chunks.get(key)
+            if chunk is not None and not chunk.is_ready:
+                chunk.ref_cnt = 0
+                self.num_write_pending -= 1
+                self.num_evictable += 1
+                self.policy.mark_evictable(key)
+
+    def on_request_finished(self, acc: _Access) -> None:
+        if acc.finished:
+            return
+        acc.finished = True
+        self.policy.on_request_finished(list(acc.seen), acc)
+
+    def check_invariants(self) -> None:
+        chunks = self.policy.chunks
+        assert len(chunks) == self.num_allocated - len(self.free_list)
+        assert self.num_evictable == sum(1 for c in chunks.values() if c.ref_cnt == 0)
+        assert self.num_write_pending == sum(1 for c in chunks.values() if c.ref_cnt < 0)
+        assert self.policy.evictable == {k for k, c in chunks.items() if c.ref_cnt == 0}
+        assert len({c.chunk_id for c in chunks.values()} | set(self.free_list)) == self.num_allocated
+
+
+@dataclass(slots=True)
+class _ReqState:
+    req: Request
+    acc: _Access = field(default_factory=_Access)
+    keys: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    next_stored: int = 0
+    local_tokens: int = 0
+    jobs: set[int] = field(default_factory=set)
+    finished_signaled: bool = False
+
+
+@dataclass(slots=True)
+class _Job:
+    req_id: str
+    keys: list[int]
+    is_store: bool
+    fence: list[int] = field(default_factory=list)
+
+
+class OffloadingConnector:
+    """The scheduler side of ``OffloadingConnector`` for one full-attention group."""
+
+    def __init__(self, hasher: BlockHasher, block_size: int, num_chunks: int,
+                 blocks_per_chunk: int = 1, offload_prompt_only: bool = True,
+                 store_threshold: int = 0):
+        self.hasher = hasher
+        self.block_size = block_size
+        self.bpc = blocks_per_chunk
+        self.tokens_per_chunk = block_size * blocks_per_chunk
+        self.offload_prompt_only = offload_prompt_only
+        self.manager = CPUOffloadingManager(num_chunks, store_threshold)
+        self.reqs: dict[str, _ReqState] = {}
+        self.jobs: dict[int, _Job] = {}
+        self.job_counter = 0
+        self.batch_loads: list[TransferJob] = []
+        self.batch_allocated: set[int] = set()
+        self.batch_flush: set[int] = set()
+        self.block_to_jobs: dict[int, set[int]] = {}
+        self.being_loaded: set[int] = set()  # chunks loads in flight read
+        # vLLM's names: kv_offload_{load,store}_bytes count blocks here (the engine scales).
+        self.num_loaded_blocks = 0
+        self.num_stored_blocks = 0
+
+    # -- keys -----------------------------------------------------------------------------
+
+    def _update_keys(self, st: _ReqState) -> None:
+        req = st.req
+        hashes = self.hasher.block_hashes(req, req.num_tokens // self.block_size)
+        bpc = self.bpc
+        for i in range(bpc * len(st.keys) + bpc - 1, len(hashes), bpc):
+            key = hashes[i]
+            st.keys.append(key)
+            st.acc.positions[key] = len(st.keys) * self.tokens_per_chunk
+
+    # -- KVConnector ------------------------------------------------------------------------
+
+    def on_new_request(self, req: Request) -> None:
+        self.reqs[req.req_id] = _ReqState(req)
+
+    def get_num_new_matched_tokens(self, req: Request, num_computed_tokens: int
+                                   ) -> tuple[int | None, bool]:
+        st = self.reqs[req.req_id]
+        st.block_ids.clear()
+        st.next_stored = 0
+        if st.jobs:
+            return None, False
+        self._update_keys(st)
+        st.local_tokens = num_computed_tokens
+        hit = self._lookup(st)
+        return hit, bool(hit)
+
+    def _lookup(self, st: _ReqState) -> int | None:
+        tpc = self.tokens_per_chunk
+        local = st.local_tokens
+        max_hit = min(st.req.num_tokens, len(st.keys) * tpc)
+        if max_hit - local < tpc:
+            return 0
+        num_chunks = min(-(-max_hit // tpc), len(st.keys))
+        start = local // tpc
+        hits, pending = 0, False
+        for key in st.keys[start:num_chunks]:
+            result = self.manager.lookup(key)
+            if result is Lookup.MISS:
+                break
+            hits += 1
+            pending |= result is Lookup.HIT_PENDING
+        if hits == 0:
+            return 0
+        if pending:
+            return None
+        max_hit = min(max_hit, tpc * (start + hits))
+        num_hit = max_hit - local
+        if num_hit < tpc:
+            return 0
+        if self.being_loaded:
+            end = -(-(local + num_hit) // tpc)
+            if any(k in self.being_loaded for k in st.keys[start:end]):
+                return None
+        return num_hit
+
+    def update_state_after_alloc(self, req: Request, block_ids: list[int], block_hashed: list[bool],
+                                 num_external_tokens: int) -> None:
+        self.batch_allocated.update(b for b in block_ids if b != 0)
+        if num_external_tokens == 0:
+            return
+        st = self.reqs[req.req_id]
+        b = self.block_size
+        cached = st.local_tokens + num_external_tokens
+        num_gpu_blocks = -(-cached // b)
+        first_fresh = -(-st.local_tokens // b)
+        start_block = next((i for i in range(first_fresh, num_gpu_blocks) if not block_hashed[i]),
+                           num_gpu_blocks)
+        num_chunks = -(-cached // self.tokens_per_chunk)
+        keys = st.keys[start_block // self.bpc:num_chunks] if num_gpu_blocks > start_block else []
+        st.next_stored = num_chunks
+        self.manager.prepare_load(keys, st.acc)
+        job_id = self._new_job()
+        self.batch_loads.append(TransferJob(job_id, req.req_id, "load", num_gpu_blocks - start_block))
+        st.jobs.add(job_id)
+        self.jobs[job_id] = _Job(req.req_id, keys, False)
+        self.being_loaded.update(keys)
+
+    def _new_job(self) -> int:
+        self.job_counter += 1
+        return self.job_counter - 1
+
+    def request_finished(self, req: Request) -> bool:
+        st = self.reqs.get(req.req_id)
+        if st is None:
+            return False
+        self._update_keys(st)
+        for job_id in st.jobs:
+            for bid in self.jobs[job_id].fence:
+                self.block_to_jobs.setdefault(bid, set()).add(job_id)
+        return False
+
+    def build_connector_meta(self, step: StepView) -> ConnectorMeta:
+        for req_id, (ids, full) in step.new_block_ids.items():
+            st = self.reqs[req_id]
+            self._update_keys(st)
+            if full:
+                st.block_ids.clear()
+            st.block_ids.extend(ids)
+            self.batch_allocated.update(b for b in ids if b != 0)
+        for req_id in step.preempted:
+            victim = self.reqs.get(req_id)
+            if victim is not None and victim.jobs:
+                self.batch_flush.update(victim.jobs)
+        if self.block_to_jobs and not self.block_to_jobs.keys().isdisjoint(self.batch_allocated):
+            self.batch_flush.update(j for b in self.batch_allocated if b in self.block_to_jobs
+                                    for j in self.block_to_jobs[b])
+        stores = self._build_store_jobs(step)
+        meta = ConnectorMeta(tuple(self.batch_loads), tuple(stores), frozenset(self.batch_flush))
+        for req in step.finished:
+            done = self.reqs.get(req.req_id)
+            if done is None:
+                continue
+            done.finished_signaled = True
+            self.manager.on_request_finished(done.acc)
+            if not done.jobs:
+                del self.reqs[req.req_id]
+        self.batch_loads = []
+        self.batch_flush = set()
+        self.batch_allocated = set()
+        return meta
+
+    def _storable(self, st: _ReqState, num_tokens: int) -> int:
+        return min(num_tokens // self.tokens_per_chunk, len(st.block_ids) // self.bpc, len(st.keys))
+
+    def _build_store_jobs(self, step: StepView) -> list[TransferJob]:
+        jobs = []
+        finished = {r.req_id: r for r in step.finished}
+        for req_id in chain(step.num_scheduled_tokens, finished):
+            state = self.reqs.get(req_id)
+            if state is None:
+                continue
+            st, req = state, state.req
+            if req_id in finished:
+                after = max(req.num_prompt_tokens, req.num_tokens - 1)
+            else:
+                after = req.num_computed_tokens + step.num_scheduled_tokens[req_id]
+            offloadable = min(after, req.num_tokens)
+            if self.offload_prompt_only:
+                offloadable = min(offloadable, req.num_prompt_tokens)
+            num_chunks = self._storable(st, offloadable)
+            start = st.next_stored
+            new_keys = []
+            for i in range(start, num_chunks):
+                block_id = st.block_ids[i * self.bpc + self.bpc - 1]
+                if block_id == 0 or any(st.block_ids[i * self.bpc + j] == 0 for j in range(self.bpc)):
+                    continue
+                new_keys.append(st.keys[i])
+            if not new_keys:
+                st.next_stored = max(st.next_stored, num_chunks)
+                continue
+            to_store = self.manager.prepare_store(new_keys, st.acc)
+            if to_store is None:
+                continue  # dropped (vllm:kv_offload_allocation_failure); offered again next step
+            if not to_store:
+                st.next_stored = max(st.next_stored, num_chunks)
+                continue
+            store_set = set(to_store)
+            fence: list[int] = []
+            for i in range(start, num_chunks):
+                if st.keys[i] in store_set:
+                    fence.extend(b for b in st.block_ids[i * self.bpc:(i + 1) * self.bpc] if b != 0)
+            st.next_stored = max(st.next_stored, num_chunks)
+            job_id = self._new_job()
+            st.jobs.add(job_id)
+            self.jobs[job_id] = _Job(req_id, to_store, True, fence)
+            jobs.append(TransferJob(job_id, req_id, "store", len(fence)))
+            if req.status.name.startswith("FINISHED"):
+                for bid in fence:
+                    self.block_to_jobs.setdefault(bid, set()).add(job_id)
+                    if bid in self.batch_allocated:
+                        self.batch_flush.add(job_id)
+        return jobs
+
+    def update_connector_output(self, output: ConnectorOutput) -> None:
+        for job_id in output.completed_jobs:
+            job = self.jobs.pop(job_id)
+            st = self.reqs[job.req_id]
+            if job.is_store:
+                self.manager.complete_store(job.keys)
+                self.num_stored_blocks += len(job.fence)
+            else:
+                self.manager.complete_load(job.keys)
+                self.num_loaded_blocks += len(job.keys) * self.bpc
+                if self.being_loaded:
+                    self.being_loaded.difference_update(job.keys)
+            if self.block_to_jobs and job.is_store and st.req.status.name.startswith("FINISHED"):
+                for bid in job.fence:
+                    pending = self.block_to_jobs.get(bid)
+                    if pending is not None:
+                        pending.discard(job_id)
+                        if not pending:
+                            del self.block_to_jobs[bid]
+            st.jobs.discard(job_id)
+            if st.finished_signaled and not st.jobs:
+                del self.reqs[job.req_id]
+
+    def has_pending_work(self) -> bool:
+        return bool(self.jobs)
+
+    def check_invariants(self) -> None:
+        self.manager.check_invariants()
+        for job_id, job in self.jobs.items():
+            assert job_id in self.reqs[job.req_id].jobs

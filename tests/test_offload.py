@@ -1,0 +1,133 @@
+"""vLLM 0.33's native CPU offloading (kvsim.kv.offload) on cases worked by hand from the rules
+(../shared/reference/vllm-connectors.md §1 and the connector's code); each case was also run
+through vLLM's own OffloadingConnector by the oracle driver, which agreed. Transfers take
+``transfer_delay`` scheduler calls, as the oracle's fake worker does: a load is submitted in
+the call that carries it, a store in the call after, each reported done ``delay`` calls after
+submission."""
+
+import pytest
+
+from kvsim.errors import ConfigError
+from kvsim.kv.offload import CPUOffloadingManager, _Access
+from kvsim.oracle.fuzz import random_scenario
+from kvsim.oracle.replay import build, drive
+
+A = list(range(1000, 1064))  # 64 tokens: 4 blocks of 16
+B = list(range(5000, 5170))  # 170 tokens
+
+
+def engine(num_gpu_blocks, max_model_len, cpu_chunks, delay=0, **extra):
+    return {"block_size": 16, "num_gpu_blocks": num_gpu_blocks, "max_model_len": max_model_len,
+            "kv_offloading": {"cpu_chunks": cpu_chunks, "transfer_delay": delay, **extra}}
+
+
+def req(rid, tokens, max_tokens, join=0):
+    return {"req_id": rid, "prompt_token_ids": tokens, "max_tokens": max_tokens, "join_step": join}
+
+
+def test_cpu_tier_serves_the_tail_the_gpu_evicted():
+    # a (64 tokens, 3 outputs) holds blocks 1-5 and stores its 4 prompt chunks. Freed tail
+    # first: block 5 (no hash) to the queue's front, then 4, 3, 2, 1 to its back. b (160
+    # tokens) takes 10 blocks at admission and 1 for its first decode token: 5..13, then 4
+    # and 3, evicting a's 4th and 3rd blocks. c = a's prompt + 3 tokens hits blocks 1-2 on
+    # the GPU (32) and a's chunks 3-4 on the CPU (32): 64 cached, 32 of them external.
+    sc = {"engine": engine(14, 208, 8),
+          "requests": [req("a", A, 3), req("b", B[:160], 3, 6), req("c", A + [7, 8, 9], 3, 12)]}
+    out = drive(sc)
+    c = out["requests"]["c"]
+    assert (c["cached_tokens"], c["external_cached_tokens"]) == (64, 32)
+    # Queries beyond the local hit: a 64, b 160, c 67 - 32; hits: c's 32.
+    assert out["totals"]["external_prefix_cache_queries"] == 64 + 160 + 35
+    assert out["totals"]["external_prefix_cache_hits"] == 32
+
+
+def test_a_prompt_wholly_in_the_cpu_tier_loads_all_of_it_and_recomputes_its_last_token():
+    # b (170 tokens) needs all 11 usable blocks, evicting every block of a. d = a's prompt:
+    # no local hit; the lookup is capped at N = 64 (not N - 1), so all 4 chunks load, and
+    # when the load is done the last token is given back and computed alone.
+    sc = {"engine": engine(12, 176, 16),
+          "requests": [req("a", A, 1), req("b", B, 1, 1), req("d", A, 2, 2)]}
+    out = drive(sc)
+    d = out["requests"]["d"]
+    assert (d["cached_tokens"], d["external_cached_tokens"]) == (64, 64)
+    first = next(s for s in out["steps"] if "d" in s["scheduled"])
+    assert first["scheduled"]["d"] == 1
+
+
+@pytest.mark.parametrize("delay, first_step", [(0, 3), (3, 9)])
+def test_a_chunk_still_being_stored_defers_the_request(delay, first_step):
+    # a's 4 chunks ride step 0 (call 1), are submitted in call 2 and done in call 2 + delay.
+    # c (a's prompt, joining at step 1) hits 3 blocks on the GPU (48 = N - 1 rounded to
+    # blocks) and looks up chunk 4 from there: pending until the store is done, so c waits;
+    # then it loads that one chunk (the N cap again: 16 external tokens for a prompt the GPU
+    # holds all but one token of), which is done `delay` calls later, and computes 1 token
+    # in the next call. x keeps a step running in every call. delay 0: lookup hit in call 3,
+    # c runs in call 4 (step 3); delay 3: store done in call 5, load in call 6, done in call
+    # 9, c runs in call 10 (step 9).
+    sc = {"engine": engine(40, 176, 16, delay),
+          "requests": [req("a", A, 1), req("x", B[:40], 12), req("c", A, 2, 1)]}
+    c = drive(sc)["requests"]["c"]
+    assert (c["cached_tokens"], c["external_cached_tokens"]) == (64, 16)
+    assert c["first_scheduled_step"] == first_step
+
+
+def _stored(manager, keys, positions):
+    acc = _Access(positions=dict(zip(keys, positions)))
+    assert manager.prepare_store(keys, acc) == keys
+    manager.complete_store(keys)
+    return acc
+
+
+def test_a_store_eviction_cannot_make_room_for_is_refused_whole():
+    m = CPUOffloadingManager(8)
+    _stored(m, [1, 2, 3, 4], [16, 32, 48, 64])
+    # 10 new chunks, 4 free slots, 4 evictable: 6 evictions needed, refused, nothing changed.
+    assert m.prepare_store(list(range(100, 110)), _Access()) is None
+    assert sorted(m.policy.chunks) == [1, 2, 3, 4]
+    m.check_invariants()
+
+
+def test_lru_evicts_a_finished_requests_tail_first():
+    m = CPUOffloadingManager(3)
+    acc = _stored(m, [1, 2, 3], [16, 32, 48])
+    m.on_request_finished(acc)  # recency committed tail first: 3 oldest, then 2, then 1
+    _stored(m, [9], [16])
+    assert sorted(m.policy.chunks) == [1, 2, 9]
+    _stored(m, [10], [16])
+    assert sorted(m.policy.chunks) == [1, 9, 10]
+    m.check_invariants()
+
+
+def test_a_chunk_being_loaded_is_not_evicted():
+    m = CPUOffloadingManager(2)
+    _stored(m, [1, 2], [16, 32])
+    m.prepare_load([1], _Access())
+    assert m.prepare_store([7, 8], _Access()) is None  # only chunk 2 is evictable
+    assert m.prepare_store([7], _Access()) == [7]
+    assert sorted(m.policy.chunks) == [1, 7]
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fuzzed_offload_runs_keep_every_invariant(seed):
+    # check_invariants on the pool and the tier after every step (the oracle compares the
+    # results: tests/test_vllm_fixtures.py, python -m kvsim.oracle.suite --mixes offload).
+    sc = random_scenario(seed, version="0.33.0", offload=True)
+    out = drive(sc, check_invariants=True)
+    assert all(r["finish_step"] is not None for r in out["requests"].values()) or out["stall"] is not None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"enable_prefix_caching": False}, "needs enable_prefix_caching"),
+    ({"speculative": {"method": "eagle", "num_speculative_tokens": 2}}, "speculative decoding"),
+    ({"async_scheduling": True}, "async_scheduling"),
+    ({"kv_offloading": {"cpu_chunks": 8, "eviction_policy": "arc"}}, "arc"),
+])
+def test_what_is_not_reproduced_yet_is_refused(change, message):
+    with pytest.raises(ConfigError, match=message):
+        build({**engine(40, 176, 8), **change}, "0.33.0")
+
+
+def test_other_releases_refuse_offloading():
+    with pytest.raises(ConfigError, match="0.33.0 only"):
+        build(engine(40, 176, 8), "0.32.0")
