@@ -140,5 +140,4 @@ def check_offload(offload: OffloadParams, sem: Semantics, spec: Drafting,
                           "(one full-attention group is)")
     if spec.method != "none":
         raise ConfigError(where, "offloading with speculative decoding is not reproduced yet")
-    if params.async_scheduling:
-        raise ConfigError(where, "offloading with async_scheduling is not reproduced yet")
+

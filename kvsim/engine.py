@@ -326,7 +326,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             for r in finished:
                 results.request(r)
         if check_invariants:
-            sched.kv.check_invariants()
+            sched.check_invariants()
         if trim_at is not None and len(sched.kv.hasher) > trim_at:
             sched.kv.forget_unused_hashes([*sched.running, *sched.waiting])
             trim_at = max(_TRIM_HASHES, 2 * len(sched.kv.hasher))

@@ -50,7 +50,7 @@ _rank = attrgetter("rank")
 
 def applies(sched: Scheduler, accept) -> bool:
     """Whether the scheduler's set-up can decode lazily at all (checked once per run)."""
-    return (type(sched.kv) is KVCacheManager and accept is None
+    return (type(sched.kv) is KVCacheManager and accept is None and sched.connector is None
             and sched.spec.num_speculative_tokens == 0 and sched.spec.num_lookahead_tokens == 0
             and sched.draft_slots == 0 and sched.kv.num_reprefillable == 0)
 

@@ -142,7 +142,7 @@ class Request:
         "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_scheduled_s", "first_token_s", "finish_s", "session_id", "replica", "dp_rank",
-        "rank", "lz_sched", "lz_upd", "lz_in",
+        "rank", "lz_sched", "lz_upd", "lz_in", "last_sched_seq",
     )
 
     def __init__(self, spec: RequestSpec, seq: int):
@@ -164,6 +164,9 @@ class Request:
         self.cached_tokens: int | None = None
         # Of cached_tokens, those a KV connector loads (PrefillStats.num_external_cached_tokens).
         self.external_cached_tokens = 0
+        # The last step that scheduled it (a KV connector with async scheduling fences its
+        # block frees by it).
+        self.last_sched_seq = 0
         self.num_draft_tokens = 0  # drafts attached for the next step (len(spec_token_ids))
         self.num_drafts_proposed = 0
         self.num_drafts_accepted = 0

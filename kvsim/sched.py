@@ -212,6 +212,13 @@ class Scheduler:
         # Requests still prefilling: an asynchronous load is admitted only if it leaves
         # the blocks they still need free (0.33's _inflight_prefills).
         self.inflight_prefills: dict[str, Request] = {}
+        # With a connector that loads into blocks (kv_role kv_both or kv_consumer) and a
+        # second batch in flight (async scheduling), a freed request's blocks go back to the
+        # pool only once the last step that scheduled it has been processed (0.33's
+        # defer_block_free): steps are numbered as scheduled and as processed.
+        self.defer_block_free = connector is not None and params.async_scheduling
+        self.sched_step_seq = self.processed_step_seq = 0
+        self.deferred_frees: deque[tuple[int, list]] = deque()
         self.spec = params.spec
         # Draft-model input slots: charged per scheduled request (0.32+), or reserved for
         # max_num_seqs requests up front by shrinking the token budget (earlier releases).
@@ -267,6 +274,8 @@ class Scheduler:
         if self.connector is not None:
             plan.connector_meta = self.connector.build_connector_meta(self._step_view(plan))
             self.finished_since = []
+        if self.defer_block_free and plan.scheduled:
+            self.sched_step_seq += 1
         self._update_after_schedule(plan.scheduled)
         return plan
 
@@ -293,6 +302,8 @@ class Scheduler:
             req.num_computed_tokens += c.num_new_tokens
             if in_flight:
                 req.num_in_flight_tokens += c.num_new_tokens
+            if self.defer_block_free:
+                req.last_sched_seq = self.sched_step_seq
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
             c.samples = not req.is_prefill_chunk
             if c.samples and self.inflight_prefills:
@@ -386,8 +397,11 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(req, n, num_lookahead_tokens=spec.num_lookahead_tokens)
                 if new_blocks is not None:
                     break
+                victim = (max(running, key=lambda r: (r.priority, r.arrival_s))
+                          if self.priority_policy else running[-1])
+                if self.defer_block_free and victim.last_sched_seq > self.processed_step_seq:
+                    break  # its blocks would come back only later: preempting frees nothing now
                 if self.priority_policy:
-                    victim = max(running, key=lambda r: (r.priority, r.arrival_s))
                     victim_idx = running.index(victim)
                     del running[victim_idx]
                     if victim_idx < idx and (self.sem.priority_victim_before_index_reindexes
@@ -535,6 +549,24 @@ class Scheduler:
         for req in reversed(skipped_holding):
             holding.prepend(req)
 
+    def check_invariants(self) -> None:
+        """The KV manager's and the connector's invariants (blocks set aside count as held)."""
+        self.kv.check_invariants([blocks for _, blocks in self.deferred_frees])
+        if self.connector is not None:
+            self.connector.check_invariants()
+
+    def _free_blocks(self, req: Request) -> None:
+        """Free the request's blocks, or set them aside until the steps in flight that may
+        still write them are processed (``defer_block_free``)."""
+        if not self.defer_block_free or req.last_sched_seq <= self.processed_step_seq:
+            self.kv.free(req)
+            return
+        kv = self.kv
+        assert isinstance(kv, KVCacheManager)  # the connector takes one full-attention group
+        blocks = kv.pop_blocks_for_free(req)
+        if blocks:
+            self.deferred_frees.append((self.sched_step_seq, blocks))
+
     def _finish_remote_load(self, req: Request) -> None:
         """vLLM's _update_waiting_for_remote_kv: publish the loaded blocks; a load that
         reaches the last token gives it back, to be recomputed for its logits."""
@@ -562,7 +594,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the blocks (they stay hashed), back to the waiting front."""
-        self.kv.free(req)
+        self._free_blocks(req)
         if self.inflight_prefills:
             self.inflight_prefills.pop(req.req_id, None)
         req.status = Status.PREEMPTED
@@ -596,6 +628,12 @@ class Scheduler:
         """
         first: list[Request] = []
         finished: list[Request] = []
+        if self.defer_block_free and plan.scheduled:
+            # Every block write of this step and the earlier ones is done.
+            self.processed_step_seq += 1
+            deferred = self.deferred_frees
+            while deferred and deferred[0][0] <= self.processed_step_seq:
+                self.kv.pool.free_blocks(reversed(deferred.popleft()[1]))
         k = self.spec.num_speculative_tokens
         is_async = self.params.async_scheduling
         max_model_len = self.params.max_model_len
@@ -659,7 +697,7 @@ class Scheduler:
                     self.inflight_prefills.pop(req.req_id, None)
                     self.connector.request_finished(req)
                     self.finished_since.append(req)
-                self.kv.free(req)
+                self._free_blocks(req)
                 finished.append(req)
             elif k and not is_async:
                 req.num_draft_tokens = k

@@ -120,7 +120,6 @@ def test_fuzzed_offload_runs_keep_every_invariant(seed):
 @pytest.mark.parametrize("change, message", [
     ({"enable_prefix_caching": False}, "needs enable_prefix_caching"),
     ({"speculative": {"method": "eagle", "num_speculative_tokens": 2}}, "speculative decoding"),
-    ({"async_scheduling": True}, "async_scheduling"),
     ({"kv_offloading": {"cpu_chunks": 8, "eviction_policy": "arc"}}, "arc"),
 ])
 def test_what_is_not_reproduced_yet_is_refused(change, message):

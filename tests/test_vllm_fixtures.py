@@ -99,6 +99,13 @@ REGRESSIONS = {
                                          "their chunks stored and their LRU recency committed in "
                                          "the order they finished (the driver fixes vLLM's "
                                          "hash-ordered finished_req_ids to that order)",
+    ("vllm-0.33.0-regressions", 100016): "offloading with async scheduling (a KV consumer with a "
+                                         "second batch in flight): a freed request's blocks wait "
+                                         "for the last step that scheduled it, and a victim whose "
+                                         "blocks would wait is not preempted (the step schedules "
+                                         "nothing instead)",
+    ("vllm-0.33.0-regressions", 100038): "a step that schedules nothing while a queued batch still "
+                                         "carries a finished load is no deadlock",
 }
 
 

@@ -848,7 +848,8 @@ class HybridKVCacheManager:
                 out.setdefault(rid, []).extend(table)
         return out
 
-    def check_invariants(self) -> None:
+    def check_invariants(self, held=()) -> None:
+        assert not held  # (frees are set aside only with a KV connector: one group)
         refs: dict[int, int] = {}
         null = self.pool.null_block
         for g in self.groups:

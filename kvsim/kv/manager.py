@@ -61,7 +61,7 @@ class KVManager(Protocol):
 
     def block_ids(self, req_id: str) -> Any: ...
 
-    def check_invariants(self) -> None: ...
+    def check_invariants(self, held: Iterable[list[Block]] = ()) -> None: ...
 
 
 class KVCacheManager:
@@ -199,9 +199,13 @@ class KVCacheManager:
 
     def free(self, req: Request) -> None:
         """Release the request's blocks, tail first, so its tail is evicted before its head."""
-        table = self.req_to_blocks.pop(req.req_id, [])
+        self.pool.free_blocks(reversed(self.pop_blocks_for_free(req)))
+
+    def pop_blocks_for_free(self, req: Request) -> list[Block]:
+        """Forget the request's blocks and return them, in allocation order, for the caller
+        to free later (tail first)."""
         self.num_cached_block.pop(req.req_id, None)
-        self.pool.free_blocks(reversed(table))
+        return self.req_to_blocks.pop(req.req_id, [])
 
     def forget_unused_hashes(self, live_requests: Iterable[Request]) -> None:
         """Let the hasher drop the keys that neither a pool block nor ``live_requests`` (every
@@ -214,10 +218,11 @@ class KVCacheManager:
     def block_ids(self, req_id: str) -> list[int]:
         return [blk.block_id for blk in self.req_to_blocks.get(req_id, ())]
 
-    def check_invariants(self) -> None:
-        """The pool's invariants, with ref counts checked against the block tables."""
+    def check_invariants(self, held: Iterable[list[Block]] = ()) -> None:
+        """The pool's invariants, with ref counts checked against the block tables (and
+        ``held``: tables set aside, not yet freed)."""
         refs: dict[int, int] = {}
-        for table in self.req_to_blocks.values():
+        for table in (*self.req_to_blocks.values(), *held):
             for blk in table:
                 if blk is not self.pool.null_block:
                     refs[blk.block_id] = refs.get(blk.block_id, 0) + 1

@@ -1368,7 +1368,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
             if not executed and not preempted and not any(
                 q[0].total_num_scheduled_tokens > 0 for q in queue
             ) and sched.get_num_unfinished_requests() > 0 and not (
-                worker is not None and worker.busy
+                worker is not None
+                and (worker.busy or any(q[1].kv_connector_output is not None for q in queue))
             ):
                 # Unfinished requests exist, nothing was scheduled and nothing
                 # is in flight. With no connector nothing changes until a step
