@@ -14,10 +14,9 @@ from pathlib import Path
 
 from kvsim.config import model_preset
 from kvsim.cost.base import CostInputs, Drafter
-from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager, KVManager
-from kvsim.kv.offload import OFFLOAD_RELEASES, OffloadingConnector, OffloadParams
+from kvsim.kv.offload import OffloadingConnector, OffloadParams, check_offload
 from kvsim.kv.pool import BlockPool
 from kvsim.sched import Scheduler, SchedulerParams
 from kvsim.schema import Scenario
@@ -40,7 +39,7 @@ def build_scheduler(sc: Scenario) -> Scheduler:
                               num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size,
                               enable_caching=e.enable_prefix_caching,
                               kv_groups=list(e.kv_groups or ()),
-                              retention_interval=e.retention_interval)
+                              retention_interval=e.retention_interval, offload=e.offload)
 
 
 def spec_setup(sc: Scenario) -> SpecSetup:
@@ -87,7 +86,8 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
     ``offload`` adds vLLM's native CPU offloading behind the KV-connector seam.
     """
     if offload is not None:
-        check_offload(offload, sem, spec, kv_groups, params, enable_caching)
+        check_offload("engine.kv_offloading_size", offload, sem.version, spec.method,
+                      bool(kv_groups), enable_caching)
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
     setup = derive_spec(spec, sem, enable_caching, scheduler_block_size)
     pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
@@ -116,28 +116,4 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
                                         offload.blocks_per_chunk, offload.offload_prompt_only,
                                         offload.store_threshold)
     return Scheduler(params, kv, sem, connector)
-
-
-def check_offload(offload: OffloadParams, sem: Semantics, spec: Drafting,
-                  kv_groups: list[GroupSpec] | None, params: SchedulerParams,
-                  enable_caching: bool) -> None:
-    """Refuse, with a ConfigError, what vLLM cannot run and what kvsim's offloading does
-    not reproduce yet."""
-    where = "engine.kv_offloading_size"
-    if not enable_caching:
-        # 0.33's connector keys chunks by the requests' block hashes, which exist only with
-        # prefix caching: its first lookup fails an assertion.
-        raise ConfigError(where, "native CPU offloading needs enable_prefix_caching (vLLM's "
-                          "connector keys chunks by block hashes)")
-    if sem.version not in OFFLOAD_RELEASES:
-        raise ConfigError(where, f"native CPU offloading is reproduced for vLLM "
-                          f"{', '.join(OFFLOAD_RELEASES)} only, not {sem.version}")
-    if offload.eviction_policy != "lru":
-        raise ConfigError(where, f"eviction policy {offload.eviction_policy!r} is not reproduced "
-                          "yet (lru is)")
-    if kv_groups:
-        raise ConfigError(where, "offloading a hybrid KV layout is not reproduced yet "
-                          "(one full-attention group is)")
-    if spec.method != "none":
-        raise ConfigError(where, "offloading with speculative decoding is not reproduced yet")
 

@@ -22,6 +22,7 @@ from typing import Any
 from kvsim import hf, presets, traces
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
+from kvsim.kv.offload import OffloadParams, check_offload, num_cpu_chunks
 from kvsim.layout import KVLayout, derive_layout, estimate_kv_cache_bytes, mamba_cache_mode
 from kvsim.model import GiB, ModelCfg, attention_page_bytes_per_token
 from kvsim.schema import (
@@ -31,6 +32,7 @@ from kvsim.schema import (
     MAX_GPU_BLOCKS,
     MAX_REPLICAS,
     MODEL_KEYS,
+    OFFLOAD_EXTRA_KEYS,
     REQUIRED,
     RETENTION,
     SCHEMA,
@@ -118,6 +120,19 @@ def _check_groups(where: str, value: Any) -> tuple:
     return tuple(out)
 
 
+def _check_table(where: str, value: Any, keys: tuple[Key, ...]) -> dict[str, Any]:
+    """An inline table of ``keys`` (those given, checked; the reader applies defaults)."""
+    if not isinstance(value, dict):
+        raise ConfigError(where, "must be a table, e.g. {blocks_per_chunk = 4}")
+    known = {k.name: k for k in keys}
+    out = {}
+    for name, v in value.items():
+        if name not in known:
+            raise ConfigError(f"{where}.{name}", f"unknown key{_suggest(name, list(known))}")
+        out[name] = _check_value(f"{where}.{name}", known[name], v)
+    return out
+
+
 def _check_deployments(where: str, value: Any) -> tuple:
     """``[[cluster.deployment]]`` tables: ``replicas`` plus [engine] keys to override."""
     value = _tables(where, value, "cluster.deployment")
@@ -153,6 +168,8 @@ def _check_value(where: str, key: Key, value: Any) -> Any:
         return _check_groups(where, value)
     if t == "deployments":
         return _check_deployments(where, value)
+    if t == "table":
+        return _check_table(where, value, OFFLOAD_EXTRA_KEYS)
     if t == "floats":
         if (not isinstance(value, list) or not value
                 or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)):
@@ -415,11 +432,49 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                           f"{usable} usable (num_gpu_blocks {e['num_gpu_blocks']} minus the null "
                           "block); vLLM refuses to start: lower max_model_len or enlarge the pool")
     e["num_gpu_blocks_derived"] = derived
+    e["kv_block_bytes"] = block_bytes
+    e["offload"] = _offload(e, where, file, sem, method, hw, block_bytes)
     check_groups_for_release(f"{where}.kv_groups", groups, sem)
     e["prefix_cache_retention_interval"] = check_retention_interval(
         f"{where}.prefix_cache_retention_interval", e["prefix_cache_retention_interval"], sem,
         groups)
     return _build(EngineCfg, e)
+
+
+def _offload(e: dict, where: str, file: str, sem: Semantics, method: str, hw: HardwareCfg,
+             block_bytes: int) -> OffloadParams | None:
+    """The CPU offload tier ``--kv-offloading-size`` and the connector's extra config make."""
+    extra = e["kv_connector_extra_config"]
+    if e["kv_offloading_size"] is None:
+        if extra is not None:
+            raise ConfigError(f"{where}.kv_connector_extra_config", "configures the offloading "
+                              "connector: only with kv_offloading_size")
+        return None
+    if e["kv_offloading_backend"] != "native":
+        raise ConfigError(f"{where}.kv_offloading_backend", "'lmcache' keeps the tier in an "
+                          "LMCache server, which kvsim does not model; use 'native'")
+    x = extra or {}
+    bpc = x.get("blocks_per_chunk") or 1
+    if "block_size" in x:
+        if "blocks_per_chunk" in x:
+            raise ConfigError(f"{where}.kv_connector_extra_config", "give block_size or "
+                              "blocks_per_chunk, not both (vLLM refuses both)")
+        if x["block_size"] % e["block_size"]:
+            raise ConfigError(f"{where}.kv_connector_extra_config.block_size",
+                              f"{x['block_size']} must be a multiple of the GPU block size "
+                              f"({e['block_size']})")
+        bpc = x["block_size"] // e["block_size"]
+    params = OffloadParams(
+        num_chunks=num_cpu_chunks(e["kv_offloading_size"], block_bytes,
+                                  e["tensor_parallel_size"], bpc),
+        blocks_per_chunk=bpc, offload_prompt_only=x.get("offload_prompt_only", True),
+        store_threshold=x.get("store_threshold", 0), eviction_policy=x.get("eviction_policy", "lru"))
+    check_offload(f"{where}.kv_offloading_size", params, sem.version, method,
+                  e["kv_groups"] is not None, e["enable_prefix_caching"])
+    if hw.host_link_bandwidth_bytes_per_s is None:
+        raise ConfigError(f"{file}: hardware.host_link_bandwidth_bytes_per_s", "needed with "
+                          "engine.kv_offloading_size (offload transfers cross the GPU's host link)")
+    return params
 
 
 def _layout(model: ModelCfg, hw: HardwareCfg, e: dict, sem: Semantics, num_spec: int,

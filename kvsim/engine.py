@@ -23,6 +23,7 @@ import simpy
 from kvsim import fastforward
 from kvsim.assemble import acceptance_for, build_scheduler, cost_inputs
 from kvsim.cost import COST_MODELS
+from kvsim.kv.connector import TimedWorker
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, RequestSpec
 from kvsim.sched import Scheduler
@@ -78,6 +79,9 @@ class Records:
     dp_rank: int | None = None
     # An MoE model's DP rank: the dummy batches it ran in lockstep waves, having nothing to run.
     num_dummy_steps: int = 0
+    # A KV offload tier's counters under vLLM's names (external_prefix_cache_*,
+    # kv_offload_{load,store}_{bytes,time}); None without one.
+    kv_offload: dict[str, float] | None = None
 
 
 class ArrivalSource(Protocol):
@@ -230,6 +234,11 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     last_step_s = 0.0
     lazy = (fastforward.LazyDecode(sched, queue)
             if alone and not check_invariants and fastforward.applies(sched, accept) else None)
+    worker = None
+    if sched.connector is not None:
+        worker = TimedWorker(sc.engine.kv_block_bytes, sc.hardware.host_link_bandwidth_bytes_per_s,
+                             sc.hardware.host_link_latency_s)
+        rec.kv_offload = dict.fromkeys(OFFLOAD_COUNTERS, 0)
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:
         now = env.now
@@ -252,10 +261,15 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             if done:
                 step += done
                 continue
-        if sched.num_unfinished:
+        if sched.has_requests:
             plan = sched.schedule() if lazy is None else lazy.schedule(step)
             executed = plan.executes
-            if not (executed or plan.preempted or any(q[0].executes for q in queue)):
+            if worker is not None:
+                _count_external(rec.kv_offload, plan)
+            if sched.num_unfinished and not (
+                    executed or plan.preempted or any(q[0].executes for q in queue)
+                    or (worker is not None and (worker.busy or any(
+                        _carries_transfers(q[0]) for q in (*queue, (plan,)))))):
                 # The release deadlocks: the head of the waiting queue can never be admitted
                 # and nothing runs (e.g. 0.19's admission gate without a window cap, #39734).
                 rec.stopped_by = "stall"
@@ -265,7 +279,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 index, step = step, step + 1
             queue.appendleft((plan, index))
             if len(queue) < queue_size and (executed or (
-                    sched.num_unfinished and not sched.sem.batch_queue_fill_requires_execution)):
+                    sched.has_requests and not sched.sem.batch_queue_fill_requires_execution)):
                 continue
         elif not queue:
             if lockstep is not None and lockstep.running():  # the wave runs: a dummy batch
@@ -278,6 +292,10 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             yield env.timeout(wake - now)  # idle until the next arrival
             continue
         plan, index = queue.pop()
+        if worker is not None:  # this step's transfers are submitted (a flush holds it up)
+            begin = worker.begin_step(plan.connector_meta, env.now)
+            if begin > env.now:
+                yield env.timeout(begin - env.now)
         start = env.now
         duration = draft = 0.0
         if index is not None:
@@ -305,8 +323,14 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
         elif lockstep is not None:  # nothing executed while the wave runs: a dummy batch
             rec.num_dummy_steps += 1
             yield from lockstep.step(link.rank.index, *lockstep.dummy(link.rank.index))
+        elif worker is not None and (wake := _next_event_s(worker, arrivals)) is not None:
+            # Nothing runs but transfers: the engine steps on until one finishes (or a
+            # request arrives).
+            yield env.timeout(max(0.0, wake - env.now))
         end = env.now
-        if lazy is None:
+        if worker is not None:
+            first, finished = sched.update_from_output(plan, accept, worker.end_step(end))
+        elif lazy is None:
             first, finished = sched.update_from_output(plan, accept)
         else:
             first, finished = lazy.update(plan, index, accept)
@@ -328,19 +352,58 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
         if check_invariants:
             sched.check_invariants()
         if trim_at is not None and len(sched.kv.hasher) > trim_at:
-            sched.kv.forget_unused_hashes([*sched.running, *sched.waiting])
+            sched.kv.forget_unused_hashes(
+                [*sched.running, *sched.kv_holding, *sched.waiting],
+                sched.connector.held_keys() if sched.connector is not None else ())
             trim_at = max(_TRIM_HASHES, 2 * len(sched.kv.hasher))
         if progress is not None and index is not None:
             progress(index + 1, end, num_finished,
                      arrivals.total if alone else len(rec.requests))
     if lazy is not None:
         lazy.dissolve()  # every request's counters as step-by-step simulation leaves them
+    if worker is not None:
+        assert rec.kv_offload is not None
+        rec.kv_offload.update(kv_offload_load_bytes=worker.load_bytes,
+                              kv_offload_store_bytes=worker.store_bytes,
+                              kv_offload_load_time_s=worker.load_time_s,
+                              kv_offload_store_time_s=worker.store_time_s)
     rec.end_s = env.now
     if alone:
         left = arrivals.rest()  # made now: a run cut short lists them too
         if results is not None:
-            for r in [*sched.running, *sched.waiting, *left]:
+            for r in [*sched.running, *sched.kv_holding, *sched.waiting, *left]:
                 results.request(r)
+
+
+OFFLOAD_COUNTERS = ("external_prefix_cache_queries", "external_prefix_cache_hits",
+                    "external_prefix_cache_requests", "external_preempted_queries",
+                    "external_preempted_hits", "kv_offload_load_bytes",
+                    "kv_offload_store_bytes", "kv_offload_load_time_s", "kv_offload_store_time_s")
+
+
+def _count_external(counters: dict[str, float] | None, plan) -> None:
+    """vLLM's connector prefix-cache stats of one schedule() (lookups of preempted requests
+    counted apart)."""
+    assert counters is not None
+    st = plan.external_prefix_cache
+    counters["external_prefix_cache_queries"] += st.queries
+    counters["external_prefix_cache_hits"] += st.hits
+    counters["external_prefix_cache_requests"] += st.requests
+    counters["external_preempted_queries"] += st.preempted_queries
+    counters["external_preempted_hits"] += st.preempted_hits
+
+
+def _carries_transfers(plan) -> bool:
+    """Whether a planned step hands the worker transfers (still to be submitted)."""
+    meta = plan.connector_meta
+    return meta is not None and bool(meta.load_jobs or meta.store_jobs or meta.jobs_to_flush)
+
+
+def _next_event_s(worker: TimedWorker, arrivals) -> float | None:
+    """When a step that runs nothing ends: at the next transfer's end or arrival; None when
+    the worker has only stores to submit (the next step submits them at once)."""
+    times = [t for t in (worker.next_done_s(), arrivals.next_arrival_s()) if t is not None]
+    return min(times) if times and worker.next_done_s() is not None else None
 
 
 def _decode_record(step, start, duration, num_running, num_waiting, num_free_blocks,
@@ -364,7 +427,7 @@ def _step_record(step, start, duration, draft, plan, sched) -> StepRecord:
         num_spec_tokens=sum(c.num_spec_tokens for c in plan.scheduled if not c.padded),
         num_prefill_tokens=total - decode, num_decode_tokens=decode,
         num_scheduled_reqs=len(plan.scheduled) + plan.num_lazy, num_preempted=len(plan.preempted),
-        num_running=len(sched.running), num_waiting=len(sched.waiting),
+        num_running=len(sched.running), num_waiting=len(sched.waiting) + len(sched.kv_holding),
         num_free_blocks=pool.num_free_blocks, kv_usage=pool.usage(),
         prefix_cache_queries=pc.queries, prefix_cache_hits=pc.hits,
         preempted_prefix_cache_queries=pc.preempted_queries,

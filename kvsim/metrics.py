@@ -23,8 +23,9 @@ from kvsim.scenario_text import resolved_toml
 from kvsim.schema import SCHEMA, Scenario
 
 REQUEST_COLUMNS = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "cached_tokens",
-                   "num_preemptions", "join_step", "first_scheduled_step", "first_token_step",
-                   "finish_step", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s")
+                   "external_cached_tokens", "num_preemptions", "join_step", "first_scheduled_step",
+                   "first_token_step", "finish_step", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+                   "prefill_s")
 
 
 _COLUMN = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
@@ -47,7 +48,8 @@ def _request_values(r) -> list:
     if r.finish_s is not None and r.first_token_s is not None and r.num_output_tokens > 1:
         tpot = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
     return [r.req_id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens, r.cached_tokens,
-            r.num_preemptions, r.join_step, r.first_scheduled_step, r.first_token_step,
+            r.external_cached_tokens if r.cached_tokens is not None else None, r.num_preemptions,
+            r.join_step, r.first_scheduled_step, r.first_token_step,
             r.finish_step, since(r.first_token_s, r.arrival_s), tpot,
             since(r.finish_s, r.arrival_s), since(r.first_scheduled_s, r.arrival_s),
             since(r.first_token_s, r.first_scheduled_s)]
@@ -96,6 +98,7 @@ class Results:
         self.output_tokens = self.finished_prompt_tokens = 0
         self.drafts = self.accepted = self.verifies = 0
         self.cached = array("q")  # cached_tokens of the requests that were admitted
+        self.external_cached = 0  # of those, loaded by a KV connector
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
         self.queue = array("d")  # queue_s of the requests that were scheduled, in workload order
         self.last_arrival_s = 0.0
@@ -145,6 +148,7 @@ class Results:
             self.e2e.append(e2e)
         if r.cached_tokens is not None:
             self.cached.append(r.cached_tokens)
+            self.external_cached += r.external_cached_tokens
         if ttft is not None:
             self.ttft.append(ttft)
         if tpot is not None:
@@ -201,7 +205,33 @@ class Results:
             "kv_usage": {"mean": float(np.mean(self.usage)) if self.usage else 0.0,
                          "max": float(max(self.usage)) if self.usage else 0.0},
             "spec_decode": self._spec_summary(sc, rec),
+            "kv_offload": self._offload_summary(sc, rec),
             **_cluster_summary(sc, rec),
+        }
+
+    def _offload_summary(self, sc: Scenario, rec: Records) -> dict | None:
+        """The CPU offload tier under vLLM's metric names (external_prefix_cache_*,
+        prompt_tokens_cached_by_source, kv_offload_*), summed over a cluster's engines."""
+        parts = [r.kv_offload for r in (rec.replicas or [rec]) if r.kv_offload is not None]
+        if not parts:
+            return None
+        c = {k: sum(p[k] for p in parts) for k in parts[0]}
+        e = sc.engine
+        assert e.offload is not None
+        q, h = c["external_prefix_cache_queries"], c["external_prefix_cache_hits"]
+        return {
+            "kv_offloading_size": e.kv_offloading_size,
+            "num_cpu_chunks": e.offload.num_chunks,
+            "blocks_per_chunk": e.offload.blocks_per_chunk,
+            "external_prefix_cache_queries": q,
+            "external_prefix_cache_hits": h,
+            "external_prefix_cache_hit_rate": h / q if q else None,
+            "external_preempted_prefix_cache_queries": c["external_preempted_queries"],
+            "external_preempted_prefix_cache_hits": c["external_preempted_hits"],
+            "prompt_tokens_cached_by_source": {"device": self.hits, "host": h},
+            "external_cached_tokens": self.external_cached,
+            **{k: c[k] for k in ("kv_offload_load_bytes", "kv_offload_store_bytes",
+                                 "kv_offload_load_time_s", "kv_offload_store_time_s")},
         }
 
     def _spec_summary(self, sc: Scenario, rec: Records) -> dict | None:
@@ -405,6 +435,15 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
                      f"mean cached tokens per request {s['cached_tokens_mean']:.1f}")
     else:
         lines.append("prefix cache  off (no lookups)")
+    ko = s.get("kv_offload")
+    if ko:
+        rate = ko["external_prefix_cache_hit_rate"]
+        lines.append(f"CPU offload   {ko['kv_offloading_size']:g} GiB ({ko['num_cpu_chunks']:,} chunks of "
+                     f"{ko['blocks_per_chunk']} blocks): {ko['external_prefix_cache_hits']:,} hit of "
+                     f"{ko['external_prefix_cache_queries']:,} tokens queried past the GPU hit"
+                     + (f" ({100 * rate:.1f} %)" if rate is not None else ""))
+        lines.append(f"{'':14}loaded {ko['kv_offload_load_bytes'] / 2**30:.2f} GiB, stored "
+                     f"{ko['kv_offload_store_bytes'] / 2**30:.2f} GiB")
     lines.append(f"preemptions   {s['num_preemptions']}")
     behind = over_capacity_text(s)
     if behind:

@@ -11,10 +11,12 @@ from kvsim.schema import (
     DEPLOYMENT_REPLICAS,
     ENGINE_KEYS,
     GROUP_KEYS,
+    OFFLOAD_EXTRA_KEYS,
     REQUIRED,
     SCHEMA,
     SHARED_ENGINE_KEYS,
     TRACE_ONLY_KEYS,
+    Key,
     Scenario,
 )
 
@@ -34,6 +36,8 @@ def toml_value(v: Any) -> str:
         v = str(v)
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, dict):  # an inline table
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {v!r} as TOML")
 
 
@@ -103,17 +107,19 @@ def schema_markdown() -> str:
             kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
             out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
         out.append("")
-        sub = {"engine": ("engine.kv_groups", GROUP_KEYS),
-               "cluster": ("cluster.deployment", (DEPLOYMENT_REPLICAS,))}.get(section)
-        if sub:
-            out += [f"#### [[{sub[0]}]]", "", "| key | type | default | meaning |",
+        subs: dict[str, list[tuple[str, tuple[Key, ...]]]] = {
+            "engine": [("[[engine.kv_groups]]", GROUP_KEYS),
+                       ("engine.kv_connector_extra_config", OFFLOAD_EXTRA_KEYS)],
+            "cluster": [("[[cluster.deployment]]", (DEPLOYMENT_REPLICAS,))]}
+        for sub in subs.get(section, []):
+            out += [f"#### {sub[0]}", "", "| key | type | default | meaning |",
                     "|---|---|---|---|"]
             for k in sub[1]:
                 default = "required" if k.default is REQUIRED else (
                     "none" if k.default is None else f"`{toml_value(k.default)}`")
                 kind = k.type + (" (" + ", ".join(f"`{c}`" for c in k.choices) + ")" if k.choices else "")
                 out.append(f"| `{k.name}` | {kind} | {default} | {k.doc} |")
-            if section == "cluster":
+            if sub[0] == "[[cluster.deployment]]":
                 out.append("| any `[engine]` key | as in `[engine]` | the `[engine]` value | This "
                            "deployment's value, except for the keys every replica shares: "
                            + ", ".join(f"`{k}`" for k in SHARED_ENGINE_KEYS) + ". |")

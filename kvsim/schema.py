@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from kvsim.kv.hybrid import GroupKind, GroupSpec
+from kvsim.kv.offload import OffloadParams
 from kvsim.layout import MambaCacheMode
 from kvsim.model import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, AttentionType, ModelCfg
 from kvsim.sched import SCHEDULING_POLICIES, SchedulingPolicy
@@ -27,6 +28,7 @@ from kvsim.specdec import SPEC_METHODS, AcceptanceKind, Drafting, SpecMethod
 MAX_GPU_BLOCKS = 1 << 22
 MAX_REQUESTS = 2_000_000
 MAX_REPLICAS = 1024  # engines of a cluster (each its own pool, within MAX_GPU_BLOCKS in all)
+MAX_OFFLOAD_GIB = 65536.0  # a CPU offload tier (64 TiB); chunks exist only once stored
 WorkloadKind = Literal["trace", "synthetic"]
 TraceFormat = Literal["kvsim", "mooncake", "azure"]
 GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_lengths"]
@@ -120,6 +122,27 @@ HARDWARE_KEYS = (
         "`tensor_parallel_size` > 1.", low=0, low_open=True),
     Key("interconnect_latency_s", "float", 5e-6, "Latency of one step of a ring all-reduce, "
         "seconds.", low=0),
+    Key("host_link_bandwidth_bytes_per_s", "float", None, "GPU-host bandwidth per direction "
+        "(PCIe), bytes/s: KV offload loads (host to GPU) and stores (GPU to host) each run at "
+        "this rate, one transfer after another per direction; needed with "
+        "`engine.kv_offloading_size`. The presets give the PCIe generation's nominal rate "
+        "(pinned copies reach about 80-90 % of it).", low=0, low_open=True),
+    Key("host_link_latency_s", "float", 1e-5, "Fixed cost of one offload transfer, seconds "
+        "(an assumption: a copy launch and its completion event).", low=0),
+)
+
+OFFLOAD_EXTRA_KEYS = (
+    Key("block_size", "int", None, "Tokens per offloaded chunk: a multiple of the GPU block "
+        "size (give this or `blocks_per_chunk`).", low=1),
+    Key("blocks_per_chunk", "int", None, "GPU blocks per offloaded chunk (default 1).", low=1,
+        high=1 << 16),
+    Key("eviction_policy", "str", "lru", "The CPU tier's eviction: `lru` (a running request's "
+        "chunks share one rank, its later positions evicted first; recency committed when it "
+        "finishes) or `arc`.", choices=("lru", "arc")),
+    Key("offload_prompt_only", "bool", True, "Store only prompt tokens' chunks (decode tokens "
+        "are not stored)."),
+    Key("store_threshold", "int", 0, "Store a chunk only once it has been offered this many "
+        "times (below 2: always).", low=0, high=1 << 20),
 )
 
 ENGINE_KEYS = (
@@ -184,6 +207,17 @@ ENGINE_KEYS = (
         "(`--mamba-cache-mode`): `align` (prefix caching on), `none` (off); vLLM 0.19/0.22 also "
         "have `all`, which GatedDeltaNet models turn into `align`. Default from "
         "`enable_prefix_caching`, as vLLM sets it.", choices=get_args(MambaCacheMode), derived=True),
+    Key("kv_offloading_size", "float", None, "CPU memory for vLLM's native KV offload tier, GiB, "
+        "summed over the tensor-parallel ranks (`--kv-offloading-size`; vLLM 0.33.0): write-"
+        "through stores of each prompt's full chunks, whole-chunk lookups after the GPU prefix "
+        "cache, asynchronous loads (see KV offloading). Off when left out.", low=0,
+        low_open=True, high=MAX_OFFLOAD_GIB),
+    Key("kv_offloading_backend", "str", "native", "`--kv-offloading-backend`: `native` (vLLM's "
+        "OffloadingConnector); `lmcache` (an LMCache server) is not modelled.",
+        choices=("native", "lmcache")),
+    Key("kv_connector_extra_config", "table", None, "The offload connector's "
+        "`kv_connector_extra_config` (as `--kv-transfer-config` passes it): an inline table of "
+        "the keys below, e.g. `{blocks_per_chunk = 4, eviction_policy = \"lru\"}`."),
     Key("prefix_cache_retention_interval", RETENTION, None, "Which sliding-window and Mamba "
         "checkpoints the prefix cache keeps (`--prefix-cache-retention-interval`, vLLM 0.32+): `0` "
         "only a prompt's replay boundary and the shared-prefix junctions lookups find; a positive "
@@ -390,6 +424,8 @@ class HardwareCfg:
     memory_bytes: int
     interconnect_bandwidth_bytes_per_s: float | None
     interconnect_latency_s: float
+    host_link_bandwidth_bytes_per_s: float | None
+    host_link_latency_s: float
 
     @property
     def capability(self) -> tuple[int, int] | None:
@@ -425,6 +461,12 @@ class EngineCfg:
     kv_groups: tuple[GroupSpec, ...] | None
     mamba_cache_mode: MambaCacheMode
     prefix_cache_retention_interval: int | str  # an interval >= 0 or "dense"
+    kv_offloading_size: float | None
+    kv_offloading_backend: str
+    kv_connector_extra_config: dict[str, Any] | None  # as given (an inline table)
+    # Derived: the offload tier as the connector takes it, and one GPU block's bytes on a rank.
+    offload: OffloadParams | None
+    kv_block_bytes: int
 
     @property
     def retention_interval(self) -> int | None:

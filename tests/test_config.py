@@ -154,7 +154,8 @@ def test_each_default_is_stated_once_in_the_key_tables():
                "speculative": schema.SpecCfg, "workload": schema.WorkloadCfg,
                "cost": schema.CostCfg, "run": schema.RunCfg, "cluster": schema.ClusterCfg}
     # Fields that no key sets: derived at load (engine), or read from config.json (model).
-    not_keys = {"engine": {"num_gpu_blocks_derived"}, "cluster": {"engines"},
+    not_keys = {"engine": {"num_gpu_blocks_derived", "offload", "kv_block_bytes"},
+                "cluster": {"engines"},
                 "model": {"architecture", "layer_types", "sliding_window", "linear_attention",
                           "index_head_dim",
                           "quantized_params", "routed_expert_params", "hf_id"}}

@@ -7,8 +7,13 @@ submission."""
 
 import pytest
 
+from kvsim.config import parse_scenario
+from kvsim.engine import run
 from kvsim.errors import ConfigError
-from kvsim.kv.offload import CPUOffloadingManager, _Access
+from kvsim.kv.connector import ConnectorMeta, TimedWorker, TransferJob
+from kvsim.kv.offload import CPUOffloadingManager, _Access, num_cpu_chunks
+from kvsim.metrics import requests_csv, summarize
+from kvsim.workload import iter_requests
 from kvsim.oracle.fuzz import random_scenario
 from kvsim.oracle.replay import build, drive
 
@@ -130,3 +135,111 @@ def test_what_is_not_reproduced_yet_is_refused(change, message):
 def test_other_releases_refuse_offloading():
     with pytest.raises(ConfigError, match="0.33.0 only"):
         build(engine(40, 176, 8), "0.32.0")
+
+
+# -- the timed worker, the scenario keys, a run -------------------------------------------
+
+MiB = 1 << 20
+
+
+def job(job_id, kind, blocks, req="r"):
+    return TransferJob(job_id, req, kind, blocks)
+
+
+def test_a_load_takes_its_bytes_over_the_link_and_loads_queue_behind_each_other():
+    # 1 MiB blocks over 1 GiB/s: a block takes 1/1024 s; 10 µs a transfer.
+    w = TimedWorker(MiB, float(1 << 30), 1e-5)
+    assert w.begin_step(ConnectorMeta(load_jobs=(job(0, "load", 4, "a"), job(1, "load", 2, "b"))),
+                        0.0) == 0.0
+    a_done = 1e-5 + 4 / 1024
+    b_done = a_done + 1e-5 + 2 / 1024
+    assert w.next_done_s() == pytest.approx(a_done)
+    assert w.end_step(a_done - 1e-9) is None
+    out = w.end_step(b_done)
+    assert out.completed_jobs == (0, 1) and out.finished_recving == {"a", "b"}
+    assert (w.load_bytes, w.busy) == (6 * MiB, False)
+
+
+def test_a_store_is_submitted_in_the_next_step_and_runs_beside_loads():
+    w = TimedWorker(MiB, float(1 << 30), 0.0)
+    w.begin_step(ConnectorMeta(store_jobs=(job(0, "store", 8),)), 0.0)
+    assert w.next_done_s() is None and w.busy  # written by this step's forward pass first
+    w.begin_step(ConnectorMeta(load_jobs=(job(1, "load", 8, "a"),)), 0.5)
+    # The store and the load start together, one per direction.
+    assert w.end_step(0.5 + 8 / 1024).completed_jobs == (0, 1)
+
+
+def test_a_flushed_store_holds_its_step_until_it_is_written():
+    w = TimedWorker(MiB, float(1 << 30), 0.0)
+    w.begin_step(ConnectorMeta(store_jobs=(job(0, "store", 4),)), 0.0)
+    start = w.begin_step(ConnectorMeta(store_jobs=(job(1, "store", 2),),
+                                       jobs_to_flush=frozenset({0, 1})), 1.0)
+    assert start == pytest.approx(1.0 + 6 / 1024)  # both written, one after the other
+    assert w.end_step(start).completed_jobs == (0, 1)
+
+
+def test_the_tier_holds_the_chunks_its_gib_buys():
+    # Llama-3.1-8B: a 16-token block is 32 layers x 2 x 8 KV heads x 128 x 2 bytes = 2 MiB.
+    assert num_cpu_chunks(64, 2 * MiB, 1, 1) == 32768
+    assert num_cpu_chunks(64, 2 * MiB, 1, 4) == 8192
+    # TP 2: each rank holds half the heads, and a chunk spans both ranks.
+    assert num_cpu_chunks(64, MiB, 2, 1) == 32768
+    # A chunk is rounded up to the page: 3 blocks of 1000 bytes take 4096.
+    assert num_cpu_chunks(1, 1000, 1, 3) == (1 << 30) // 4096
+
+
+def _scenario(**engine):
+    return {"model": {"preset": "llama-3.1-8b"}, "hardware": {"preset": "h100-sxm"},
+            "engine": {"num_gpu_blocks": 400, "max_model_len": 4096, **engine},
+            "workload": {"kind": "synthetic", "generator": "multi_turn", "num_requests": 120,
+                         "request_rate": 4}}
+
+
+def test_a_run_with_a_cpu_tier_reports_vllms_counters():
+    sc = parse_scenario(_scenario(kv_offloading_size=16.0))
+    assert sc.engine.offload.num_chunks == 8192
+    rec = run(sc, list(iter_requests(sc)), check_invariants=True)
+    s = summarize(sc, rec)["kv_offload"]
+    assert s["external_prefix_cache_hits"] > 0
+    # Hits are whole blocks here (one block a chunk): every hit token was loaded once.
+    hits = s["external_prefix_cache_hits"] + s["external_preempted_prefix_cache_hits"]
+    assert s["kv_offload_load_bytes"] == hits // 16 * 2 * MiB
+    assert s["external_cached_tokens"] == sum(r.external_cached_tokens for r in rec.requests)
+    assert s["external_cached_tokens"] == s["external_prefix_cache_hits"]
+    # Stores are whole blocks of prompts: at most every prompt block once.
+    assert s["kv_offload_store_bytes"] % (2 * MiB) == 0
+    assert s["kv_offload_store_bytes"] <= sum(r.num_prompt_tokens // 16 for r in rec.requests) * 2 * MiB
+    # Same seed, same output.
+    rec2 = run(sc, list(iter_requests(sc)))
+    assert requests_csv(rec2) == requests_csv(rec)
+
+
+def test_without_a_tier_the_run_is_unchanged_and_reports_none():
+    sc = parse_scenario(_scenario())
+    assert sc.engine.offload is None
+    assert summarize(sc, run(sc, list(iter_requests(sc))))["kv_offload"] is None
+
+
+@pytest.mark.parametrize("engine, where", [
+    ({"kv_connector_extra_config": {"blocks_per_chunk": 2}}, "engine.kv_connector_extra_config"),
+    ({"kv_offloading_size": 8.0, "kv_offloading_backend": "lmcache"}, "kv_offloading_backend"),
+    ({"kv_offloading_size": 8.0, "kv_connector_extra_config": {"block_size": 24}},
+     "kv_connector_extra_config.block_size"),
+    ({"kv_offloading_size": 8.0, "kv_connector_extra_config": {"block_size": 32,
+                                                               "blocks_per_chunk": 2}},
+     "kv_connector_extra_config"),
+    ({"kv_offloading_size": 8.0, "kv_connector_extra_config": {"chunk": 2}},
+     "kv_connector_extra_config.chunk"),
+    ({"kv_offloading_size": 8.0, "vllm_version": "0.32.0"}, "kv_offloading_size"),
+    ({"kv_offloading_size": 1e-6}, "kv_offloading_size"),
+])
+def test_bad_offload_settings_name_the_key(engine, where):
+    with pytest.raises(ConfigError) as e:
+        parse_scenario(_scenario(**engine))
+    assert e.value.where.endswith(where)
+
+
+def test_extra_config_block_size_sets_the_chunk():
+    sc = parse_scenario(_scenario(kv_offloading_size=8.0,
+                                  kv_connector_extra_config={"block_size": 64}))
+    assert (sc.engine.offload.blocks_per_chunk, sc.engine.offload.num_chunks) == (4, 1024)

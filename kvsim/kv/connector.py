@@ -21,6 +21,7 @@ Pure Python, no SimPy.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -91,6 +92,8 @@ class KVConnector(Protocol):
 
     def has_pending_work(self) -> bool: ...
 
+    def held_keys(self) -> list[int]: ...
+
     def check_invariants(self) -> None: ...
 
 
@@ -128,3 +131,96 @@ class StepDelayWorker:
     @property
     def busy(self) -> bool:
         return bool(self.due)
+
+
+@dataclass(slots=True)
+class _Transfer:
+    job_id: int
+    req_id: str | None  # a load's request (reported as finished_recving)
+    num_bytes: int
+    done_s: float
+
+
+class TimedWorker:
+    """The worker side of native CPU offloading with its copies timed
+    (``OffloadingConnectorWorker`` over ``CPUOffloadingWorker``): one stream per direction,
+    each running its transfers one after another, in submission order, at the host link's
+    bandwidth (each tensor-parallel rank over its own link: ``block_bytes`` is one rank's).
+
+    At the start of a step, as ``handle_preemptions`` and ``start_kv_transfers`` do: stores
+    this step flushes are submitted with the previous step's stores and waited for (the step
+    starts when they are done); then this step's loads. This step's other stores are
+    submitted at the start of the next step (their KV is written by this step's forward
+    pass). At the end of a step the transfers finished by then are reported, per direction
+    in submission order (``get_finished``). Loads do not hold a step up: the request waits in
+    WAITING_FOR_REMOTE_KVS."""
+
+    def __init__(self, block_bytes: int, bandwidth_bytes_per_s: float, latency_s: float):
+        self.block_bytes = block_bytes
+        self.bandwidth = bandwidth_bytes_per_s
+        self.latency = latency_s
+        self.loads: deque[_Transfer] = deque()
+        self.stores: deque[_Transfer] = deque()
+        self.free_at = {"load": 0.0, "store": 0.0}
+        self.unsubmitted: list[TransferJob] = []
+        self.load_bytes = self.store_bytes = 0
+        self.load_time_s = self.store_time_s = 0.0
+
+    def _submit(self, job: TransferJob, now: float) -> _Transfer:
+        queue = self.loads if job.kind == "load" else self.stores
+        start = max(now, self.free_at[job.kind])
+        num_bytes = job.num_blocks * self.block_bytes
+        took = self.latency + num_bytes / self.bandwidth
+        t = _Transfer(job.job_id, job.req_id if job.kind == "load" else None, num_bytes,
+                      start + took)
+        self.free_at[job.kind] = t.done_s
+        queue.append(t)
+        if job.kind == "load":
+            self.load_bytes += num_bytes
+            self.load_time_s += took
+        else:
+            self.store_bytes += num_bytes
+            self.store_time_s += took
+        return t
+
+    def begin_step(self, meta: ConnectorMeta | None, now: float) -> float:
+        """Submit what a step starting at ``now`` submits; returns when it can start."""
+        stores = list(meta.store_jobs) if meta is not None else []
+        start = now
+        if meta is not None and meta.jobs_to_flush:
+            flushed = [j for j in stores if j.job_id in meta.jobs_to_flush]
+            stores = [j for j in stores if j.job_id not in meta.jobs_to_flush]
+            for job in [*self.unsubmitted, *flushed]:
+                self._submit(job, now)
+            self.unsubmitted = []
+            start = max([now, *(t.done_s for t in (*self.loads, *self.stores)
+                                if t.job_id in meta.jobs_to_flush)])
+        for job in self.unsubmitted:
+            self._submit(job, now)
+        self.unsubmitted = stores
+        for job in meta.load_jobs if meta is not None else ():
+            self._submit(job, start)
+        return start
+
+    def end_step(self, now: float) -> ConnectorOutput | None:
+        """The transfers finished by ``now``, reported with the step's outputs."""
+        done: list[int] = []
+        recving: set[str] = set()
+        for queue in (self.stores, self.loads):
+            while queue and queue[0].done_s <= now:
+                t = queue.popleft()
+                done.append(t.job_id)
+                if t.req_id is not None:
+                    recving.add(t.req_id)
+        if not done:
+            return None
+        return ConnectorOutput(tuple(done), frozenset(recving))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.loads or self.stores or self.unsubmitted)
+
+    def next_done_s(self) -> float | None:
+        """When the next submitted transfer finishes (None: none is submitted)."""
+        heads = [q[0].done_s for q in (self.loads, self.stores) if q]
+        return min(heads) if heads else None

@@ -207,10 +207,12 @@ class KVCacheManager:
         self.num_cached_block.pop(req.req_id, None)
         return self.req_to_blocks.pop(req.req_id, [])
 
-    def forget_unused_hashes(self, live_requests: Iterable[Request]) -> None:
+    def forget_unused_hashes(self, live_requests: Iterable[Request], held: Iterable[int] = ()) -> None:
         """Let the hasher drop the keys that neither a pool block nor ``live_requests`` (every
-        request not finished) holds (``BlockHasher.forget_all_but``)."""
+        request not finished) nor ``held`` (a KV connector's tier) holds
+        (``BlockHasher.forget_all_but``)."""
         live = {blk.block_hash for blk in self.pool.blocks if blk.block_hash is not None}
+        live.update(held)
         for r in live_requests:
             live.update(r.block_hashes)
         self.hasher.forget_all_but(live)

@@ -33,6 +33,7 @@ from enum import Enum
 from itertools import chain
 from typing import Literal
 
+from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, StepView, TransferJob
 from kvsim.kv.hashing import BlockHasher
 from kvsim.request import Request
@@ -53,6 +54,43 @@ class OffloadParams:
     offload_prompt_only: bool = True
     store_threshold: int = 0
     eviction_policy: Literal["lru", "arc"] = "lru"
+
+
+# CPUOffloadingSpec rounds a chunk's bytes up to the page size (mmap.PAGESIZE on Linux).
+PAGE_BYTES = 4096
+GiB = 1 << 30
+
+
+def num_cpu_chunks(size_gib: float, block_bytes: int, world_size: int, blocks_per_chunk: int) -> int:
+    """The chunks ``--kv-offloading-size`` buys (CPUOffloadingSpec): the GiB, summed over the
+    workers, over one chunk on every worker (its GPU blocks' bytes on one worker times the
+    world size) rounded up to the page."""
+    chunk = -(-block_bytes * world_size * blocks_per_chunk // PAGE_BYTES) * PAGE_BYTES
+    return int(size_gib * GiB) // chunk
+
+
+def check_offload(where: str, offload: OffloadParams, version: str, spec_method: str,
+                  hybrid: bool, enable_caching: bool) -> None:
+    """Refuse, with a ConfigError at ``where``, what vLLM cannot run and what kvsim does not
+    reproduce yet."""
+    if version not in OFFLOAD_RELEASES:
+        raise ConfigError(where, f"native CPU offloading is reproduced for vLLM "
+                          f"{', '.join(OFFLOAD_RELEASES)} only, not {version}")
+    if not enable_caching:
+        # 0.33's connector keys chunks by the requests' block hashes, which exist only with
+        # prefix caching: its first lookup fails an assertion.
+        raise ConfigError(where, "native CPU offloading needs enable_prefix_caching (vLLM's "
+                          "connector keys chunks by block hashes)")
+    if offload.eviction_policy != "lru":
+        raise ConfigError(where, f"eviction policy {offload.eviction_policy!r} is not reproduced "
+                          "yet (lru is)")
+    if hybrid:
+        raise ConfigError(where, "offloading a hybrid KV layout is not reproduced yet "
+                          "(one full-attention group is)")
+    if spec_method != "none":
+        raise ConfigError(where, "offloading with speculative decoding is not reproduced yet")
+    if offload.num_chunks < 1:
+        raise ConfigError(where, "holds no chunk: less CPU memory than one chunk of GPU blocks")
 
 
 class Lookup(Enum):
@@ -588,6 +626,11 @@ class OffloadingConnector:
 
     def has_pending_work(self) -> bool:
         return bool(self.jobs)
+
+    def held_keys(self) -> list[int]:
+        """The block hashes the tier and the requests it tracks hold (kept when the hasher
+        forgets unused ones)."""
+        return [*self.manager.policy.chunks, *(k for st in self.reqs.values() for k in st.keys)]
 
     def check_invariants(self) -> None:
         self.manager.check_invariants()
