@@ -24,7 +24,7 @@ from kvsim.workload import build_requests
 
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
            "output_tokens_per_s", "prefix_cache_hit_rate", "mean_cached_tokens", "num_preemptions",
-           "mean_acceptance_length")
+           "mean_acceptance_length", "external_prefix_cache_hit_rate", "kv_offload_load_gib")
 
 
 # EAGLE-3's drafts per step when a comparison chooses it for a model without MTP layers.
@@ -97,6 +97,7 @@ def row(name: str, s: dict) -> dict:
     def q(d, k, scale=1.0):
         return None if d is None else d[k] * scale
     sd = s.get("spec_decode") or {}
+    ko = s.get("kv_offload") or {}
     return {
         "variant": name,
         "ttft_p50_ms": q(s["ttft_s"], "p50", 1e3), "ttft_p99_ms": q(s["ttft_s"], "p99", 1e3),
@@ -107,6 +108,8 @@ def row(name: str, s: dict) -> dict:
         "mean_cached_tokens": s["cached_tokens_mean"],
         "num_preemptions": s["num_preemptions"],
         "mean_acceptance_length": sd.get("mean_acceptance_length"),
+        "external_prefix_cache_hit_rate": ko.get("external_prefix_cache_hit_rate"),
+        "kv_offload_load_gib": (ko["kv_offload_load_bytes"] / 2**30 if ko else None),
     }
 
 
@@ -151,16 +154,20 @@ def verdict(rows: list[dict], default: bool) -> list[str]:
 
 
 def table(rows: list[dict], first: str = "variant") -> str:
-    heads = (first, "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2E mean s", "req/s",
-             "hit rate %", "mean hit", "preempt", "accept len")
-    keys = (first, "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
-            "prefix_cache_hit_rate", "mean_cached_tokens", "num_preemptions", "mean_acceptance_length")
+    heads: tuple[str, ...] = (first, "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2E mean s",
+                              "req/s", "hit rate %", "mean hit", "preempt", "accept len")
+    keys: tuple[str, ...] = (first, "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s",
+                             "requests_per_s", "prefix_cache_hit_rate", "mean_cached_tokens",
+                             "num_preemptions", "mean_acceptance_length")
+    if any(r.get("kv_offload_load_gib") is not None for r in rows):  # a CPU offload tier
+        heads += ("CPU hit %", "loaded GiB")
+        keys += ("external_prefix_cache_hit_rate", "kv_offload_load_gib")
     width = max(len(heads[0]), *(len(r[first]) for r in rows))
 
     def cell(k, v):
         if v is None:
             return "-"
-        if k == "prefix_cache_hit_rate":
+        if k in ("prefix_cache_hit_rate", "external_prefix_cache_hit_rate"):
             return f"{100 * v:.1f}"
         if k in ("mean_cached_tokens",):
             return f"{v:,.0f}"

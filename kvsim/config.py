@@ -445,10 +445,10 @@ def _offload(e: dict, where: str, file: str, sem: Semantics, method: str, hw: Ha
              block_bytes: int) -> OffloadParams | None:
     """The CPU offload tier ``--kv-offloading-size`` and the connector's extra config make."""
     extra = e["kv_connector_extra_config"]
-    if e["kv_offloading_size"] is None:
-        if extra is not None:
-            raise ConfigError(f"{where}.kv_connector_extra_config", "configures the offloading "
-                              "connector: only with kv_offloading_size")
+    if e["kv_offloading_size"] is None and extra is not None:
+        raise ConfigError(f"{where}.kv_connector_extra_config", "configures the offloading "
+                          "connector: only with kv_offloading_size")
+    if not e["kv_offloading_size"]:  # left out, or 0: no tier
         return None
     if e["kv_offloading_backend"] != "native":
         raise ConfigError(f"{where}.kv_offloading_backend", "'lmcache' keeps the tier in an "

@@ -311,7 +311,8 @@ HEADS = {"ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "tpot_p50_ms": "T
          "e2e_mean_s": "E2E mean", "requests_per_s": "req/s", "output_tokens_per_s": "out tok/s",
          "prefix_cache_hit_rate": "hit rate %", "mean_cached_tokens": "mean hit tokens",
          "num_preemptions": "preempt&shy;ions", "mean_acceptance_length": "accept len",
-         "goodput_req_s": "goodput req/s"}
+         "goodput_req_s": "goodput req/s", "external_prefix_cache_hit_rate": "CPU hit %",
+         "kv_offload_load_gib": "CPU loaded GiB"}
 LATENCY = {"ttft_p50_ms": 1e-3, "ttft_p99_ms": 1e-3, "tpot_p50_ms": 1e-3, "e2e_mean_s": 1.0}
 
 
@@ -332,7 +333,7 @@ def _cell(key: str, value: str) -> str:
     v = float(value)
     if key in LATENCY:
         return _seconds(v * LATENCY[key])
-    if key == "prefix_cache_hit_rate":
+    if key in ("prefix_cache_hit_rate", "external_prefix_cache_hit_rate"):
         return f"{100 * v:.1f}"
     if key in ("mean_cached_tokens", "num_preemptions", "output_tokens_per_s"):
         return f"{v:,.0f}"

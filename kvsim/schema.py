@@ -210,8 +210,8 @@ ENGINE_KEYS = (
     Key("kv_offloading_size", "float", None, "CPU memory for vLLM's native KV offload tier, GiB, "
         "summed over the tensor-parallel ranks (`--kv-offloading-size`; vLLM 0.33.0): write-"
         "through stores of each prompt's full chunks, whole-chunk lookups after the GPU prefix "
-        "cache, asynchronous loads (see KV offloading). Off when left out.", low=0,
-        low_open=True, high=MAX_OFFLOAD_GIB),
+        "cache, asynchronous loads (see KV offloading). Off when left out or 0 (vLLM refuses 0; "
+        "kvsim takes it as off, for sweeps).", low=0, high=MAX_OFFLOAD_GIB),
     Key("kv_offloading_backend", "str", "native", "`--kv-offloading-backend`: `native` (vLLM's "
         "OffloadingConnector); `lmcache` (an LMCache server) is not modelled.",
         choices=("native", "lmcache")),
