@@ -47,7 +47,7 @@ def spec_setup(sc: Scenario) -> SpecSetup:
     ``build_scheduler`` derives them)."""
     e = sc.engine
     return derive_spec(sc.speculative.drafting(sc.model.num_nextn_predict_layers), e.semantics,
-                       e.enable_prefix_caching, e.block_size)
+                       e.enable_prefix_caching, e.block_size, kv_transfer=e.offload is not None)
 
 
 def acceptance_for(sc: Scenario, record: bool = False) -> Acceptance:
@@ -89,7 +89,8 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
         check_offload("engine.kv_offloading_size", offload, sem.version, spec.method,
                       bool(kv_groups), enable_caching)
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
-    setup = derive_spec(spec, sem, enable_caching, scheduler_block_size)
+    setup = derive_spec(spec, sem, enable_caching, scheduler_block_size,
+                        kv_transfer=offload is not None)
     pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
     kv: KVManager
     if kv_groups:
@@ -114,6 +115,6 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
         assert isinstance(kv, KVCacheManager)
         connector = OffloadingConnector(kv.hasher, block_size, offload.num_chunks,
                                         offload.blocks_per_chunk, offload.offload_prompt_only,
-                                        offload.store_threshold)
+                                        offload.store_threshold, eagle_group=setup.eagle_drop)
     return Scheduler(params, kv, sem, connector)
 

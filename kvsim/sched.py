@@ -282,13 +282,14 @@ class Scheduler:
     def _step_view(self, plan: StepPlan) -> StepView:
         """This step as vLLM's SchedulerOutput shows it to a connector: new and resumed
         requests with their whole block table, running ones with this step's new blocks."""
-        kv = self.kv
+        tables = self.kv.req_to_blocks
         new_ids: dict[str, tuple[list[int], bool]] = {}
         for c in plan.scheduled:
             req_id = c.req.req_id
-            ids = kv.block_ids(req_id)
+            table = tables.get(req_id, ())
             held = self._held_before.get(req_id)
-            new_ids[req_id] = (list(ids), True) if held is None else (list(ids[held:]), False)
+            new_ids[req_id] = ([b.block_id for b in table], True) if held is None else (
+                [b.block_id for b in table[held:]], False)
         return StepView({c.req.req_id: c.num_new_tokens for c in plan.scheduled},
                         {c.req.req_id: c.req for c in plan.scheduled}, new_ids,
                         tuple(r.req_id for r in plan.preempted), tuple(self.finished_since))
@@ -392,7 +393,7 @@ class Scheduler:
                 idx += 1
                 continue
             if self.connector is not None:
-                self._held_before[req.req_id] = len(kv.block_ids(req.req_id))
+                self._held_before[req.req_id] = len(kv.req_to_blocks.get(req.req_id, ()))
             while True:
                 new_blocks = kv.allocate_slots(req, n, num_lookahead_tokens=spec.num_lookahead_tokens)
                 if new_blocks is not None:
@@ -586,11 +587,18 @@ class Scheduler:
             num_external_tokens)
 
     def _inflight_reserved_blocks(self) -> int:
-        """Blocks the requests still prefilling need to hold their whole sequence."""
+        """Blocks the requests still prefilling need to hold their whole sequence (and a
+        verify step's 1 + k tokens and lookahead slots), and a verify step's blocks for the
+        loading request itself (0.33's _inflight_prefill_reserved_blocks +
+        _spec_decode_step_blocks)."""
         kv = self.kv
         assert isinstance(kv, KVCacheManager)
-        return sum(kv.num_blocks_to_allocate(r.req_id, min(r.num_tokens, self.params.max_model_len), [])
-                   for r in self.inflight_prefills.values())
+        spec = self.spec
+        k = spec.num_speculative_tokens
+        step = 1 + k + spec.num_lookahead_tokens if k else 0
+        return sum(kv.num_blocks_to_allocate(r.req_id, min(r.num_tokens, self.params.max_model_len)
+                                             + step, [])
+                   for r in self.inflight_prefills.values()) + -(-step // kv.block_size)
 
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the blocks (they stay hashed), back to the waiting front."""

@@ -71,8 +71,10 @@ class SpecSetup:
 
 
 def derive_spec(s: Drafting, sem: Semantics, enable_caching: bool,
-                scheduler_block_size: int) -> SpecSetup:
-    """The accounting consequences of speculative decoding ``s`` under release ``sem``."""
+                scheduler_block_size: int, kv_transfer: bool = False) -> SpecSetup:
+    """The accounting consequences of speculative decoding ``s`` under release ``sem``
+    (``kv_transfer``: a KV connector is configured, which turns 0.33's lookahead block hashes
+    off: ``VllmConfig.num_hash_lookahead_tokens``)."""
     if not s.enabled:
         return SpecSetup(SpecParams(), False, 0, 0)
     k = s.num_speculative_tokens
@@ -84,7 +86,8 @@ def derive_spec(s: Drafting, sem: Semantics, enable_caching: bool,
     prefill_lookahead = num_prefill_lookahead(s.method, k, s.num_nextn_predict_layers, sem)
     hash_lookahead = 0
     if (s.eagle_family and sem.eagle_prefix_rule == "lookahead" and enable_caching
-            and not s.disable_eagle_block_drop and not s.disable_lookahead_block_hashes):
+            and not s.disable_eagle_block_drop and not s.disable_lookahead_block_hashes
+            and not kv_transfer):
         hash_lookahead = prefill_lookahead
     eagle_drop = s.eagle_family and not s.disable_eagle_block_drop and hash_lookahead == 0
     if enable_caching and s.eagle_family and scheduler_block_size < prefill_lookahead:

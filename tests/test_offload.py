@@ -13,9 +13,9 @@ from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, TimedWorker, TransferJob
 from kvsim.kv.offload import CPUOffloadingManager, _Access, num_cpu_chunks
 from kvsim.metrics import requests_csv, summarize
-from kvsim.workload import iter_requests
 from kvsim.oracle.fuzz import random_scenario
 from kvsim.oracle.replay import build, drive
+from kvsim.workload import iter_requests
 
 A = list(range(1000, 1064))  # 64 tokens: 4 blocks of 16
 B = list(range(5000, 5170))  # 170 tokens
@@ -124,7 +124,7 @@ def test_fuzzed_offload_runs_keep_every_invariant(seed):
 
 @pytest.mark.parametrize("change, message", [
     ({"enable_prefix_caching": False}, "needs enable_prefix_caching"),
-    ({"speculative": {"method": "eagle", "num_speculative_tokens": 2}}, "speculative decoding"),
+    ({"speculative": {"method": "draft_model", "num_speculative_tokens": 2}}, "draft model"),
     ({"kv_offloading": {"cpu_chunks": 8, "eviction_policy": "arc"}}, "arc"),
 ])
 def test_what_is_not_reproduced_yet_is_refused(change, message):
@@ -243,3 +243,19 @@ def test_extra_config_block_size_sets_the_chunk():
     sc = parse_scenario(_scenario(kv_offloading_size=8.0,
                                   kv_connector_extra_config={"block_size": 64}))
     assert (sc.engine.offload.blocks_per_chunk, sc.engine.offload.num_chunks) == (4, 1024)
+
+
+@pytest.mark.parametrize("tier, split", [(False, (48, 0)), (True, (48, 16))])
+def test_a_kv_connector_turns_lookahead_hashes_off_and_the_tier_gives_the_block_back(tier, split):
+    # EAGLE, 3 drafts, vLLM 0.33: c repeats a's 64-token prompt. The hit is capped at N - 1 =
+    # 63 tokens: 3 blocks. Without a connector, 0.33's lookahead hashes keep all 3: 48 local.
+    # Any KV connector turns them off (VllmConfig.num_hash_lookahead_tokens), so the EAGLE
+    # drop takes the last matched block: 32 local. The tier then looks up from chunk 3,
+    # queries one chunk more than the N cap allows (chunks 3 and 4), drops one as the EAGLE
+    # group rule says, and loads chunk 3: 16 external, 48 in all.
+    e = {"block_size": 16, "num_gpu_blocks": 40, "max_model_len": 176,
+         "speculative": {"method": "eagle", "num_speculative_tokens": 3}}
+    if tier:
+        e["kv_offloading"] = {"cpu_chunks": 64}
+    c = drive({"engine": e, "requests": [req("a", A, 1), req("c", A, 2, 3)]})["requests"]["c"]
+    assert (c["cached_tokens"], c.get("external_cached_tokens") or 0) == split

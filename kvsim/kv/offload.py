@@ -36,7 +36,7 @@ from typing import Literal
 from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, StepView, TransferJob
 from kvsim.kv.hashing import BlockHasher
-from kvsim.request import Request
+from kvsim.request import Request, Status
 
 # Releases whose OffloadingConnector kvsim reproduces (checked against each one's own code).
 OFFLOAD_RELEASES = ("0.33.0",)
@@ -87,8 +87,9 @@ def check_offload(where: str, offload: OffloadParams, version: str, spec_method:
     if hybrid:
         raise ConfigError(where, "offloading a hybrid KV layout is not reproduced yet "
                           "(one full-attention group is)")
-    if spec_method != "none":
-        raise ConfigError(where, "offloading with speculative decoding is not reproduced yet")
+    if spec_method == "draft_model":
+        raise ConfigError(where, "offloading with a draft model is not reproduced yet (EAGLE, "
+                          "EAGLE-3, MTP and ngram are)")
     if offload.num_chunks < 1:
         raise ConfigError(where, "holds no chunk: less CPU memory than one chunk of GPU blocks")
 
@@ -407,12 +408,16 @@ class OffloadingConnector:
 
     def __init__(self, hasher: BlockHasher, block_size: int, num_chunks: int,
                  blocks_per_chunk: int = 1, offload_prompt_only: bool = True,
-                 store_threshold: int = 0):
+                 store_threshold: int = 0, eagle_group: bool = False):
         self.hasher = hasher
         self.block_size = block_size
         self.bpc = blocks_per_chunk
         self.tokens_per_chunk = block_size * blocks_per_chunk
         self.offload_prompt_only = offload_prompt_only
+        # The group holds an EAGLE/MTP drafter's layers (with the block drop): the KV at a
+        # decoding request's last position may be rewritten, so its trailing chunk is not
+        # stored, and lookups query one chunk further and drop one.
+        self.eagle_group = eagle_group
         self.manager = CPUOffloadingManager(num_chunks, store_threshold)
         self.reqs: dict[str, _ReqState] = {}
         self.jobs: dict[int, _Job] = {}
@@ -460,7 +465,8 @@ class OffloadingConnector:
         max_hit = min(st.req.num_tokens, len(st.keys) * tpc)
         if max_hit - local < tpc:
             return 0
-        num_chunks = min(-(-max_hit // tpc), len(st.keys))
+        query_max = min(max_hit + tpc, len(st.keys) * tpc) if self.eagle_group else max_hit
+        num_chunks = min(-(-query_max // tpc), len(st.keys))
         start = local // tpc
         hits, pending = 0, False
         for key in st.keys[start:num_chunks]:
@@ -473,6 +479,8 @@ class OffloadingConnector:
             return 0
         if pending:
             return None
+        if self.eagle_group:
+            hits -= 1  # the drafter's KV of a hit's last chunk is recomputed
         max_hit = min(max_hit, tpc * (start + hits))
         num_hit = max_hit - local
         if num_hit < tpc:
@@ -550,7 +558,11 @@ class OffloadingConnector:
         return meta
 
     def _storable(self, st: _ReqState, num_tokens: int) -> int:
-        return min(num_tokens // self.tokens_per_chunk, len(st.block_ids) // self.bpc, len(st.keys))
+        num_chunks = num_tokens // self.tokens_per_chunk
+        if (self.eagle_group and num_tokens > st.req.num_prompt_tokens
+                and st.req.status is not Status.FINISHED):
+            num_chunks = max(0, num_chunks - 1)  # decoding: the trailing chunk is volatile
+        return min(num_chunks, len(st.block_ids) // self.bpc, len(st.keys))
 
     def _build_store_jobs(self, step: StepView) -> list[TransferJob]:
         jobs = []

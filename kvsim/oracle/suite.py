@@ -37,7 +37,8 @@ MIXES: tuple[Mix, ...] = (
     (False, False, False, False), (True, False, False, False), (False, True, False, False),
     (True, True, False, False), (False, False, True, False), (True, True, True, False),
     (False, "mamba", False, False), (True, "mamba", False, False), (True, "mamba", True, False),
-    (False, False, False, True), (False, False, True, True),
+    (False, False, False, True), (False, False, True, True), (True, False, False, True),
+    (True, False, True, True),
 )
 
 

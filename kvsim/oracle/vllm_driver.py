@@ -738,6 +738,15 @@ def build_scheduler(engine: dict):
 
     spec_config = vllm_config.speculative_config
     if groups_in is None:
+        # With offloading and an EAGLE-family drafter, the lone group is flagged as a real
+        # engine's planner flags the group holding the drafter's layers (its attention
+        # shares the target's spec): the offloading connector reads the flag (the
+        # scheduler's coordinator treats a lone group so anyway).
+        flag: dict = {}
+        if offload is not None and _annotates_eagle_groups(spec_config) and "is_eagle_group" in {
+            f.name for f in dataclasses.fields(KVCacheGroupSpec)
+        }:
+            flag["is_eagle_group"] = True
         groups = [
             KVCacheGroupSpec(
                 ["model.layers.0.self_attn.attn"],
@@ -747,6 +756,7 @@ def build_scheduler(engine: dict):
                     head_size=64,
                     dtype=torch.float32,
                 ),
+                **flag,
             )
         ]
     else:
