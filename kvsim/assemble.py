@@ -115,6 +115,7 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
         assert isinstance(kv, KVCacheManager)
         connector = OffloadingConnector(kv.hasher, block_size, offload.num_chunks,
                                         offload.blocks_per_chunk, offload.offload_prompt_only,
-                                        offload.store_threshold, eagle_group=setup.eagle_drop)
+                                        offload.store_threshold, eagle_group=setup.eagle_drop,
+                                        eviction_policy=offload.eviction_policy)
     return Scheduler(params, kv, sem, connector)
 

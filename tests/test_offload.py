@@ -125,7 +125,6 @@ def test_fuzzed_offload_runs_keep_every_invariant(seed):
 @pytest.mark.parametrize("change, message", [
     ({"enable_prefix_caching": False}, "needs enable_prefix_caching"),
     ({"speculative": {"method": "draft_model", "num_speculative_tokens": 2}}, "draft model"),
-    ({"kv_offloading": {"cpu_chunks": 8, "eviction_policy": "arc"}}, "arc"),
 ])
 def test_what_is_not_reproduced_yet_is_refused(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -259,3 +258,32 @@ def test_a_kv_connector_turns_lookahead_hashes_off_and_the_tier_gives_the_block_
         e["kv_offloading"] = {"cpu_chunks": 64}
     c = drive({"engine": e, "requests": [req("a", A, 1), req("c", A, 2, 3)]})["requests"]["c"]
     assert (c["cached_tokens"], c.get("external_cached_tokens") or 0) == split
+
+
+def _reuse(m, key, position):
+    """A request that loads ``key`` and finishes."""
+    acc = _Access(positions={key: position})
+    m.prepare_load([key], acc)
+    m.complete_load([key])
+    m.on_request_finished(acc)
+
+
+@pytest.mark.parametrize("policy, kept", [("lru", [2, 3]), ("arc", [1, 3])])
+def test_arc_keeps_a_reused_chunk_that_lru_evicts(policy, kept):
+    # Two chunks. Request 1 stores chunk 1; request 2 loads it (a reuse) and finishes; request
+    # 3 then stores chunks 2 and 3. LRU evicts the least recent: chunk 1. ARC has chunk 1 in
+    # T2 (reused) and chunk 2 alone in T1 (T1's target is 0): it evicts chunk 2, into B1.
+    m = CPUOffloadingManager(2, eviction_policy=policy)
+    m.on_request_finished(_stored(m, [1], [16]))
+    _reuse(m, 1, 16)
+    acc = _stored(m, [2], [16])
+    acc.positions[3] = 32
+    assert m.prepare_store([3], acc) == [3]
+    m.complete_store([3])
+    assert sorted(m.policy.chunk_keys()) == kept
+    m.check_invariants()
+    if policy == "arc":
+        assert list(m.policy.b1) == [2]
+        # Offering chunk 2 again is a ghost hit in B1: T1's target grows by max(1, |B2|/|B1|).
+        m.prepare_store([2], _Access(positions={2: 16}))
+        assert m.policy.target_t1 == 1

@@ -53,6 +53,8 @@ def test_fixtures_exercise_the_hard_paths():
     assert sum(c["vllm"]["totals"]["external_prefix_cache_hits"] > 0 for c in off) >= 20
     assert sum(c["vllm"]["totals"]["external_preempted_requests"] > 0 for c in off) >= 10
     assert {c["scenario"]["engine"]["kv_offloading"]["transfer_delay"] for c in off} >= {0, 1, 3}
+    assert sum(c["scenario"]["engine"]["kv_offloading"].get("eviction_policy") == "arc"
+               for c in off) >= 40
 
 
 # Mismatches found while building kvsim, each pinned to the recorded case that exposed it.

@@ -4,8 +4,8 @@
 
 The tier holds ``num_chunks`` chunks of ``blocks_per_chunk`` GPU blocks, keyed by the block
 hash at each chunk's last block. Covered so far: one full-attention KV group, the LRU
-policy, ``offload_prompt_only``, ``store_threshold``; a layout or policy outside that is
-refused where the connector is built.
+or ARC policy, ``offload_prompt_only``, ``store_threshold``, EAGLE groups; a layout outside
+that is refused where the connector is built.
 
 - Lookups (``get_num_new_matched_tokens``) start at the chunk holding the local GPU hit,
   take whole consecutive chunks and are capped at the request's ``num_tokens`` (not
@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import chain
-from typing import Literal
+from typing import Literal, Protocol
 
 from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, StepView, TransferJob
@@ -81,9 +82,6 @@ def check_offload(where: str, offload: OffloadParams, version: str, spec_method:
         # prefix caching: its first lookup fails an assertion.
         raise ConfigError(where, "native CPU offloading needs enable_prefix_caching (vLLM's "
                           "connector keys chunks by block hashes)")
-    if offload.eviction_policy != "lru":
-        raise ConfigError(where, f"eviction policy {offload.eviction_policy!r} is not reproduced "
-                          "yet (lru is)")
     if hybrid:
         raise ConfigError(where, "offloading a hybrid KV layout is not reproduced yet "
                           "(one full-attention group is)")
@@ -120,7 +118,37 @@ class _Access:
     seen: list[int] = field(default_factory=list)
     seen_set: set[int] = field(default_factory=set)
     store_miss: set[int] = field(default_factory=set)
+    inserted: set[int] = field(default_factory=set)  # chunks this request stored
+    reused: set[int] = field(default_factory=set)  # ready chunks it loaded or found stored
     finished: bool = False
+
+    def ordered(self) -> list[int]:
+        """The chunks it saw, head to tail (by position, when every one has one)."""
+        if all(k in self.positions for k in self.seen):
+            return sorted(self.seen, key=self.positions.__getitem__)
+        return list(self.seen)
+
+
+class CachePolicy(Protocol):
+    """What the manager asks of an eviction policy (vLLM's ``CachePolicy``)."""
+
+    def get(self, key: int) -> _Chunk | None: ...
+
+    def chunk_keys(self) -> Iterable[int]: ...
+
+    def insert(self, key: int, chunk: _Chunk, acc: _Access) -> None: ...
+
+    def on_store_miss(self, keys: list[int], acc: _Access) -> None: ...
+
+    def on_request_access(self, keys: list[int], acc: _Access) -> None: ...
+
+    def on_request_finished(self, acc: _Access) -> None: ...
+
+    def evict(self, n: int, protected: set[int]) -> list[tuple[int, _Chunk]] | None: ...
+
+    def mark_evictable(self, key: int) -> None: ...
+
+    def mark_non_evictable(self, key: int) -> None: ...
 
 
 class LRUPolicy:
@@ -133,6 +161,15 @@ class LRUPolicy:
         self.evictable: set[int] = set()
         self.heap: list[tuple[tuple[int, int], int]] = []
         self.next_rank = 0
+
+    def get(self, key: int) -> _Chunk | None:
+        return self.chunks.get(key)
+
+    def chunk_keys(self) -> Iterable[int]:
+        return self.chunks.keys()
+
+    def on_store_miss(self, keys: list[int], acc: _Access) -> None:
+        self.update_recency(reversed(keys))  # the base policy's touch
 
     def request_rank(self, acc: _Access) -> int:
         if acc.rank is None:
@@ -199,10 +236,8 @@ class LRUPolicy:
                 updated.append(key)
         self._update_heap(updated)
 
-    def on_request_finished(self, keys: list[int], acc: _Access) -> None:
-        if all(k in acc.positions for k in keys):
-            keys = sorted(keys, key=acc.positions.__getitem__)
-        self.update_recency(reversed(keys))
+    def on_request_finished(self, acc: _Access) -> None:
+        self.update_recency(reversed(acc.ordered()))
 
     def evict(self, n: int, protected: set[int]) -> list[tuple[int, _Chunk]] | None:
         if n == 0:
@@ -246,15 +281,116 @@ class LRUPolicy:
         self.evictable.remove(key)
 
 
+class ARCPolicy:
+    """``ARCCachePolicy``: T1 (chunks used once) and T2 (reused), ghost lists B1 and B2 of
+    what each evicted, and the target size of T1 adapting to ghost hits."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.target_t1 = 0.0
+        self.t1: OrderedDict[int, _Chunk] = OrderedDict()
+        self.t2: OrderedDict[int, _Chunk] = OrderedDict()
+        self.b1: OrderedDict[int, None] = OrderedDict()
+        self.b2: OrderedDict[int, None] = OrderedDict()
+
+    def get(self, key: int) -> _Chunk | None:
+        return self.t1.get(key) or self.t2.get(key)
+
+    def chunk_keys(self) -> Iterable[int]:
+        return chain(self.t1, self.t2)
+
+    def insert(self, key: int, chunk: _Chunk, acc: _Access) -> None:
+        self.t1[key] = chunk
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+
+    def _ghost_hit(self, key: int) -> None:
+        if key in self.b1:
+            self.target_t1 = min(self.target_t1 + max(1, len(self.b2) / len(self.b1)), self.capacity)
+            self.b1.move_to_end(key)
+        elif key in self.b2:
+            self.target_t1 = max(self.target_t1 - max(1, len(self.b1) / len(self.b2)), 0)
+            self.b2.move_to_end(key)
+
+    def on_store_miss(self, keys: list[int], acc: _Access) -> None:
+        for key in reversed(keys):
+            self._ghost_hit(key)
+
+    def on_request_access(self, keys: list[int], acc: _Access) -> None:
+        """(ARC commits a request's accesses when it finishes.)"""
+
+    def on_request_finished(self, acc: _Access) -> None:
+        insertion_only = acc.inserted - acc.reused
+        for key in reversed(acc.ordered()):
+            if key in insertion_only:
+                if key in self.t1:
+                    self.t1.move_to_end(key)
+                elif key in self.t2:
+                    self.t2.move_to_end(key)
+            elif key in acc.reused and key in self.t1:
+                self.t2[key] = self.t1.pop(key)
+            elif key in acc.reused and key in self.t2:
+                self.t2.move_to_end(key)
+
+    def evict(self, n: int, protected: set[int]) -> list[tuple[int, _Chunk]] | None:
+        if n == 0:
+            return []
+
+        def next_candidate(entries):
+            for key, chunk in entries:
+                if chunk.ref_cnt == 0 and key not in protected:
+                    return key, chunk
+            return None
+        picked: list[tuple[int, _Chunk, bool]] = []  # (key, chunk, from T1)
+        virtual_t1 = len(self.t1)
+        t1, t2 = iter(self.t1.items()), iter(self.t2.items())
+        for _ in range(n):
+            pick = None
+            if virtual_t1 >= int(self.target_t1):
+                entry = next_candidate(t1)
+                if entry is not None:
+                    pick, virtual_t1 = (*entry, True), virtual_t1 - 1
+            if pick is None:
+                entry = next_candidate(t2)
+                if entry is not None:
+                    pick = (*entry, False)
+            if pick is None:
+                entry = next_candidate(t1)
+                if entry is None:
+                    return None
+                pick, virtual_t1 = (*entry, True), virtual_t1 - 1
+            picked.append(pick)
+        out = []
+        for key, chunk, from_t1 in picked:
+            if from_t1:
+                del self.t1[key]
+                self.b1[key] = None
+            else:
+                del self.t2[key]
+                self.b2[key] = None
+            out.append((key, chunk))
+        for ghost in (self.b1, self.b2):
+            for _ in range(len(ghost) - self.capacity):
+                ghost.popitem(last=False)
+        return out
+
+    def mark_evictable(self, key: int) -> None:
+        """(ARC finds evictable chunks by their reference counts.)"""
+
+    def mark_non_evictable(self, key: int) -> None:
+        """(as above)"""
+
+
 class CPUOffloadingManager:
     """``CPUOffloadingManager``: a pool of ``num_chunks`` slots, reference counts (-1 while a
     store is pending), the policy's eviction, ``store_threshold``'s offer counts."""
 
-    def __init__(self, num_chunks: int, store_threshold: int = 0, max_tracker_size: int = 64_000):
+    def __init__(self, num_chunks: int, store_threshold: int = 0, max_tracker_size: int = 64_000,
+                 eviction_policy: Literal["lru", "arc"] = "lru"):
         self.num_chunks = num_chunks
         self.num_allocated = 0
         self.free_list: list[int] = []
-        self.policy = LRUPolicy()
+        self.policy: CachePolicy = LRUPolicy() if eviction_policy == "lru" else ARCPolicy(num_chunks)
         self.num_evictable = 0
         self.num_write_pending = 0
         self.store_threshold = store_threshold
@@ -263,7 +399,7 @@ class CPUOffloadingManager:
         self.num_stores_skipped = 0
 
     def lookup(self, key: int) -> Lookup:
-        chunk = self.policy.chunks.get(key)
+        chunk = self.policy.get(key)
         if chunk is None:
             return Lookup.MISS
         return Lookup.HIT if chunk.is_ready else Lookup.HIT_PENDING
@@ -271,7 +407,7 @@ class CPUOffloadingManager:
     def _num_free(self) -> int:
         return len(self.free_list) + self.num_chunks - self.num_allocated
 
-    def _record_access(self, keys, acc: _Access) -> None:
+    def _record_access(self, keys, acc: _Access, reused=()) -> None:
         new = []
         for key in keys:
             if key in acc.seen_set:
@@ -281,6 +417,7 @@ class CPUOffloadingManager:
             new.append(key)
         if new:
             self.policy.on_request_access(new, acc)
+        acc.reused.update(k for k in reused if k not in acc.inserted)
 
     def _record_offers(self, keys: list[int]) -> None:
         counts = self.counts
@@ -304,17 +441,18 @@ class CPUOffloadingManager:
 
     def prepare_load(self, keys: list[int], acc: _Access) -> None:
         for key in keys:
-            chunk = self.policy.chunks[key]
-            assert chunk.is_ready
+            chunk = self.policy.get(key)
+            assert chunk is not None and chunk.is_ready
             if chunk.ref_cnt == 0:
                 self.policy.mark_non_evictable(key)
                 self.num_evictable -= 1
             chunk.ref_cnt += 1
-        self._record_access(keys, acc)
+        self._record_access(keys, acc, reused=keys)
 
     def complete_load(self, keys) -> None:
         for key in keys:
-            chunk = self.policy.chunks[key]
+            chunk = self.policy.get(key)
+            assert chunk is not None
             chunk.ref_cnt -= 1
             if chunk.ref_cnt == 0:
                 self.num_evictable += 1
@@ -324,20 +462,19 @@ class CPUOffloadingManager:
         """The keys to write (absent ones), or None when eviction cannot make room."""
         if self.counts is not None:
             self._record_offers(keys)
-        chunks = self.policy.chunks
-        to_store = [k for k in keys if k not in chunks]
-        ready = {k for k in keys if k in chunks and chunks[k].is_ready}
+        get = self.policy.get
+        to_store = [k for k in keys if get(k) is None]
+        ready = [k for k in keys if (c := get(k)) is not None and c.is_ready]
         if self.counts is not None:
             n = len(to_store)
             to_store = [k for k in to_store if self.counts.get(k, 0) >= self.store_threshold]
             self.num_stores_skipped += n - len(to_store)
         misses = [k for k in to_store if k not in acc.store_miss]
         if misses:
-            # The policy's on_store_miss is LRU's touch: fresh ranks, tail first.
-            self.policy.update_recency(reversed(misses))
+            self.policy.on_store_miss(misses, acc)
             acc.store_miss.update(misses)
-        recorded = set(to_store) | ready
-        self._record_access([k for k in keys if k in recorded], acc)
+        recorded = {*to_store, *ready}
+        self._record_access([k for k in keys if k in recorded], acc, reused=ready)
         if not to_store:
             return []
         evict = len(to_store) - self._num_free()
@@ -357,11 +494,12 @@ class CPUOffloadingManager:
                 chunk = _Chunk(self.free_list.pop())
             self.policy.insert(key, chunk, acc)
         self.num_write_pending += len(to_store)
+        acc.inserted.update(to_store)
         return to_store
 
     def complete_store(self, keys) -> None:
         for key in keys:
-            chunk = self.policy.chunks.get(key)
+            chunk = self.policy.get(key)
             if chunk is not None and not chunk.is_ready:
                 chunk.ref_cnt = 0
                 self.num_write_pending -= 1
@@ -372,14 +510,19 @@ class CPUOffloadingManager:
         if acc.finished:
             return
         acc.finished = True
-        self.policy.on_request_finished(list(acc.seen), acc)
+        self.policy.on_request_finished(acc)
 
     def check_invariants(self) -> None:
-        chunks = self.policy.chunks
+        chunks: dict[int, _Chunk] = {}
+        for k in self.policy.chunk_keys():
+            c = self.policy.get(k)
+            assert c is not None
+            chunks[k] = c
         assert len(chunks) == self.num_allocated - len(self.free_list)
         assert self.num_evictable == sum(1 for c in chunks.values() if c.ref_cnt == 0)
         assert self.num_write_pending == sum(1 for c in chunks.values() if c.ref_cnt < 0)
-        assert self.policy.evictable == {k for k, c in chunks.items() if c.ref_cnt == 0}
+        if isinstance(self.policy, LRUPolicy):
+            assert self.policy.evictable == {k for k, c in chunks.items() if c.ref_cnt == 0}
         assert len({c.chunk_id for c in chunks.values()} | set(self.free_list)) == self.num_allocated
 
 
@@ -408,7 +551,8 @@ class OffloadingConnector:
 
     def __init__(self, hasher: BlockHasher, block_size: int, num_chunks: int,
                  blocks_per_chunk: int = 1, offload_prompt_only: bool = True,
-                 store_threshold: int = 0, eagle_group: bool = False):
+                 store_threshold: int = 0, eagle_group: bool = False,
+                 eviction_policy: Literal["lru", "arc"] = "lru"):
         self.hasher = hasher
         self.block_size = block_size
         self.bpc = blocks_per_chunk
@@ -418,7 +562,8 @@ class OffloadingConnector:
         # decoding request's last position may be rewritten, so its trailing chunk is not
         # stored, and lookups query one chunk further and drop one.
         self.eagle_group = eagle_group
-        self.manager = CPUOffloadingManager(num_chunks, store_threshold)
+        self.manager = CPUOffloadingManager(num_chunks, store_threshold,
+                                            eviction_policy=eviction_policy)
         self.reqs: dict[str, _ReqState] = {}
         self.jobs: dict[int, _Job] = {}
         self.job_counter = 0
@@ -642,7 +787,7 @@ class OffloadingConnector:
     def held_keys(self) -> list[int]:
         """The block hashes the tier and the requests it tracks hold (kept when the hasher
         forgets unused ones)."""
-        return [*self.manager.policy.chunks, *(k for st in self.reqs.values() for k in st.keys)]
+        return [*self.manager.policy.chunk_keys(), *(k for st in self.reqs.values() for k in st.keys)]
 
     def check_invariants(self) -> None:
         self.manager.check_invariants()

@@ -174,13 +174,14 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
     if offload:  # (vLLM's connector needs the block hashes prefix caching makes)
         engine["enable_prefix_caching"] = True
         engine["kv_offloading"] = _offloading(random.Random(f"offload-{seed}"),
-                                              engine["num_gpu_blocks"])
+                                              engine["num_gpu_blocks"], seed)
     return {"seed": seed, "engine": engine, "requests": requests}
 
 
-def _offloading(rng: random.Random, num_gpu_blocks: int) -> dict:
+def _offloading(rng: random.Random, num_gpu_blocks: int, seed: int) -> dict:
     """A CPU tier from one chunk (evicting all the time) to several GPU pools, chunks of 1-4
-    blocks, sometimes a store threshold or decode tokens stored, transfers of 0-3 steps."""
+    blocks, sometimes a store threshold or decode tokens stored, LRU or ARC, transfers of 0-3
+    steps."""
     off: dict[str, Any] = {
         "cpu_chunks": rng.choice([1, 3, max(1, num_gpu_blocks // 4), num_gpu_blocks,
                                   4 * num_gpu_blocks]),
@@ -191,6 +192,8 @@ def _offloading(rng: random.Random, num_gpu_blocks: int) -> dict:
         off["store_threshold"] = 2
     if rng.random() < 0.2:
         off["offload_prompt_only"] = False
+    if random.Random(f"arc-{seed}").random() < 0.4:  # a stream of its own: LRU draws unchanged
+        off["eviction_policy"] = "arc"
     return off
 
 
