@@ -7,6 +7,10 @@ and by the CPU tier (vLLM's ``prompt_tokens_cached_by_source``), TTFT, and the t
 store traffic.
 
     python studies/cpu_offload.py --out plots/    # the trace must be in the trace cache
+    python studies/cpu_offload.py --out plots/ --eagle3   # the same with EAGLE-3, 3 drafts
+
+With ``--eagle3`` the files are ``cpu_offload_eagle3.*``: speculative decoding whose prefix
+cache 0.33 keeps whole with lookahead block hashes, which any KV connector turns off.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def simulate(raw: dict, size: float) -> dict:
             "num_preemptions": s["num_preemptions"], "cpu_s": time.process_time() - start}
 
 
-def plot(rows: list[dict], png: Path) -> None:
+def plot(rows: list[dict], png: Path, what: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -73,8 +77,8 @@ def plot(rows: list[dict], png: Path) -> None:
     c.set(xticks=list(x), xticklabels=labels, xlabel="kv_offloading_size, GiB", ylabel="GiB",
           title="Offload traffic over the hour", yscale="log")
     c.legend(fontsize=8)
-    fig.suptitle("Mooncake conversation hour, Llama-3.1-8B on one H100, vLLM 0.33.0 "
-                 "(roofline cost model, uncalibrated)", fontsize=10)
+    fig.suptitle(f"Mooncake conversation hour, Llama-3.1-8B {what + ' ' if what else ''}on one "
+                 "H100, vLLM 0.33.0 (roofline cost model, uncalibrated)", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
@@ -83,15 +87,21 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--sizes", default=",".join(map(str, SIZES_GIB)), help="GiB, comma-separated")
+    ap.add_argument("--eagle3", action="store_true", help="with EAGLE-3, 3 drafts a step")
     args = ap.parse_args()
     raw = tomllib.loads(SCENARIO.read_text())
+    name = "cpu_offload"
+    if args.eagle3:
+        raw = overrides.apply(raw, "speculative", "method", "eagle3")
+        raw = overrides.apply(raw, "speculative", "num_speculative_tokens", 3)
+        name = "cpu_offload_eagle3"
     rows = [simulate(raw, float(s)) for s in args.sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "cpu_offload.csv", "w", newline="") as f:
+    with open(args.out / f"{name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    plot(rows, args.out / "cpu_offload.png")
+    plot(rows, args.out / f"{name}.png", "with EAGLE-3, 3 drafts" if args.eagle3 else "")
     print(f"{'GiB':>6} {'chunks':>8} {'GPU hit %':>10} {'CPU hit %':>10} {'TTFT p50':>9} "
           f"{'TTFT mean':>10} {'loaded GiB':>11} {'stored GiB':>11} {'CPU s':>7}")
     for r in rows:

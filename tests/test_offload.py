@@ -287,3 +287,18 @@ def test_arc_keeps_a_reused_chunk_that_lru_evicts(policy, kept):
         # Offering chunk 2 again is a ghost hit in B1: T1's target grows by max(1, |B2|/|B1|).
         m.prepare_store([2], _Access(positions={2: 16}))
         assert m.policy.target_t1 == 1
+
+
+def test_a_chunk_another_request_is_loading_defers_the_request():
+    # b evicts all of a's blocks (as above). d1 and d2 repeat a's prompt in the same step:
+    # d1 loads all 4 chunks (the N cap); d2 finds no GPU hit (d1's blocks are published only
+    # once its load is done) and its chunks being loaded, so it waits. After d1's load, d2
+    # hits d1's blocks on the GPU (3 of them: N - 1) and loads the 4th chunk itself: 48 + 16.
+    sc = {"engine": engine(12, 176, 16, delay=1),
+          "requests": [req("a", A, 1), req("b", B, 1, 1), req("d1", A, 2, 2), req("d2", A, 2, 2)]}
+    out = drive(sc)
+    d1, d2 = out["requests"]["d1"], out["requests"]["d2"]
+    assert (d1["cached_tokens"], d1["external_cached_tokens"]) == (64, 64)
+    assert (d2["cached_tokens"], d2["external_cached_tokens"]) == (64, 16)
+    assert d2["first_scheduled_step"] > d1["first_scheduled_step"]
+    assert out["totals"]["external_prefix_cache_hits"] == 64 + 16

@@ -108,6 +108,10 @@ REGRESSIONS = {
                                          "nothing instead)",
     ("vllm-0.33.0-regressions", 100038): "a step that schedules nothing while a queued batch still "
                                          "carries a finished load is no deadlock",
+    ("vllm-0.33.0-regressions", 100092): "offloading with EAGLE: an asynchronous load's admission "
+                                         "reserves a verify step's blocks (1 + k + lookahead) for "
+                                         "itself and for each request still prefilling",
+    ("vllm-0.33.0-regressions", 100115): "same, with async scheduling",
 }
 
 
