@@ -86,7 +86,7 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
     ``offload`` adds vLLM's native CPU offloading behind the KV-connector seam.
     """
     if offload is not None:
-        check_offload("engine.kv_offloading_size", offload, sem.version, spec.method,
+        check_offload("engine.kv_offloading_size", offload, sem, spec.method,
                       bool(kv_groups), enable_caching)
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
     setup = derive_spec(spec, sem, enable_caching, scheduler_block_size,
@@ -112,8 +112,8 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
                                 "spec": setup.params})
     connector = None
     if offload is not None:
-        assert isinstance(kv, KVCacheManager)
-        connector = OffloadingConnector(kv.hasher, block_size, offload.num_chunks,
+        assert isinstance(kv, KVCacheManager) and sem.offload is not None  # check_offload
+        connector = OffloadingConnector(kv.hasher, block_size, offload.num_chunks, sem.offload,
                                         offload.blocks_per_chunk, offload.offload_prompt_only,
                                         offload.store_threshold, eagle_group=setup.eagle_drop,
                                         eviction_policy=offload.eviction_policy)

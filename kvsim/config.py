@@ -469,7 +469,7 @@ def _offload(e: dict, where: str, file: str, sem: Semantics, method: str, hw: Ha
                                   e["tensor_parallel_size"], bpc),
         blocks_per_chunk=bpc, offload_prompt_only=x.get("offload_prompt_only", True),
         store_threshold=x.get("store_threshold", 0), eviction_policy=x.get("eviction_policy", "lru"))
-    check_offload(f"{where}.kv_offloading_size", params, sem.version, method,
+    check_offload(f"{where}.kv_offloading_size", params, sem, method,
                   e["kv_groups"] is not None, e["enable_prefix_caching"])
     if hw.host_link_bandwidth_bytes_per_s is None:
         raise ConfigError(f"{file}: hardware.host_link_bandwidth_bytes_per_s", "needed with "

@@ -208,7 +208,7 @@ ENGINE_KEYS = (
         "have `all`, which GatedDeltaNet models turn into `align`. Default from "
         "`enable_prefix_caching`, as vLLM sets it.", choices=get_args(MambaCacheMode), derived=True),
     Key("kv_offloading_size", "float", None, "CPU memory for vLLM's native KV offload tier, GiB, "
-        "summed over the tensor-parallel ranks (`--kv-offloading-size`; vLLM 0.33.0): write-"
+        "summed over the tensor-parallel ranks (`--kv-offloading-size`; vLLM 0.32/0.33): write-"
         "through stores of each prompt's full chunks, whole-chunk lookups after the GPU prefix "
         "cache, asynchronous loads (see KV offloading). Off when left out or 0 (vLLM refuses 0; "
         "kvsim takes it as off, for sweeps).", low=0, high=MAX_OFFLOAD_GIB),

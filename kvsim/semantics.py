@@ -42,6 +42,20 @@ class DPRules:
 
 
 @dataclass(frozen=True, slots=True)
+class OffloadRules:
+    """The native CPU offloading connector of a release (``--kv-offloading-size``):
+    ``lru_request_ranks``: the LRU tier ranks a running request's chunks together, later
+    positions evicted first, until it finishes (0.33 ``v1/kv_offload/cpu/policies/lru.py``
+    ``_RequestRank``); 0.32 gives every stored chunk a fresh rank.
+    ``restore_from_start``: a lookup (a new or preempted request's admission) offers every
+    chunk for storing again (0.33 ``get_num_new_matched_tokens`` resets
+    ``next_stored_chunk_idx``); 0.32 goes on from where the request's stores had got to."""
+
+    lru_request_ranks: bool
+    restore_from_start: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Semantics:
     version: str
     # BlockPool.free_blocks: blocks without a hash (or all blocks with caching off) go to the
@@ -154,6 +168,8 @@ class Semantics:
     # checkpoint alignment) and the mamba_cache_mode values (config/cache.py MambaCacheMode).
     layout: LayoutRules
     dp: DPRules
+    # Native CPU offloading as kvsim reproduces it; None: not reproduced for this release.
+    offload: OffloadRules | None
 
     def serve_batch_defaults(self, memory_bytes: int, device_name: str,
                              capability: tuple[int, int] | None) -> tuple[int, int]:
@@ -207,6 +223,7 @@ _V033 = Semantics(
                        hybrid_checkpoint_alignment=True, mamba_cache_modes=("align", "none")),
     dp=DPRules(score="inflight", rotate_start=True, dense_ranks_publish=True, sync_interval=16,
                sync_at_first_step=True),
+    offload=OffloadRules(lru_request_ranks=True, restore_from_start=True),
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 hybrid=replace(_V033.hybrid, mamba_tail_rekey="always", junction_eagle_tail=False),
@@ -214,7 +231,8 @@ _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 cache_after_verify=False, skip_zero_chunk_admission=False,
                 layout=replace(_V033.layout, hybrid_checkpoint_alignment=False),
                 async_default_off_methods=("ngram",), async_publish_after_placeholders=True,
-                async_allows_ngram=False, batch_small_tier_on_gb10=False)
+                async_allows_ngram=False, batch_small_tier_on_gb10=False,
+                offload=OffloadRules(lru_request_ranks=False, restore_from_start=False))
 _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tier_160gib=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width=False,
@@ -236,7 +254,8 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tie
                                    hybrid_checkpoint_alignment=False,
                                    mamba_cache_modes=("all", "align", "none")),
                 dp=DPRules(score="waiting4", rotate_start=False, dense_ranks_publish=False,
-                           sync_interval=32, sync_at_first_step=False))
+                           sync_interval=32, sync_at_first_step=False),
+                offload=None)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,

@@ -132,8 +132,8 @@ def test_what_is_not_reproduced_yet_is_refused(change, message):
 
 
 def test_other_releases_refuse_offloading():
-    with pytest.raises(ConfigError, match="0.33.0 only"):
-        build(engine(40, 176, 8), "0.32.0")
+    with pytest.raises(ConfigError, match="not 0.22.1"):
+        build(engine(40, 176, 8), "0.22.1")
 
 
 # -- the timed worker, the scenario keys, a run -------------------------------------------
@@ -229,7 +229,7 @@ def test_without_a_tier_the_run_is_unchanged_and_reports_none():
      "kv_connector_extra_config"),
     ({"kv_offloading_size": 8.0, "kv_connector_extra_config": {"chunk": 2}},
      "kv_connector_extra_config.chunk"),
-    ({"kv_offloading_size": 8.0, "vllm_version": "0.32.0"}, "kv_offloading_size"),
+    ({"kv_offloading_size": 8.0, "vllm_version": "0.22.1"}, "kv_offloading_size"),
     ({"kv_offloading_size": 1e-6}, "kv_offloading_size"),
 ])
 def test_bad_offload_settings_name_the_key(engine, where):
@@ -302,3 +302,16 @@ def test_a_chunk_another_request_is_loading_defers_the_request():
     assert (d2["cached_tokens"], d2["external_cached_tokens"]) == (64, 16)
     assert d2["first_scheduled_step"] > d1["first_scheduled_step"]
     assert out["totals"]["external_prefix_cache_hits"] == 64 + 16
+
+
+@pytest.mark.parametrize("request_ranks, evicted", [(True, 3), (False, 1)])
+def test_lru_evicts_a_running_requests_tail_first_in_033_and_its_head_first_in_032(
+        request_ranks, evicted):
+    # One request stores chunks 1, 2, 3 (positions 16, 32, 48) and is still running. 0.33
+    # ranks them (request rank, -position): the tail is the least recent. 0.32 gives each a
+    # fresh rank as it is stored: the head is.
+    m = CPUOffloadingManager(3, request_ranks=request_ranks)
+    _stored(m, [1, 2, 3], [16, 32, 48])
+    _stored(m, [9], [16])
+    assert evicted not in set(m.policy.chunk_keys())
+    m.check_invariants()

@@ -38,9 +38,7 @@ from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, StepView, TransferJob
 from kvsim.kv.hashing import BlockHasher
 from kvsim.request import Request, Status
-
-# Releases whose OffloadingConnector kvsim reproduces (checked against each one's own code).
-OFFLOAD_RELEASES = ("0.33.0",)
+from kvsim.semantics import VERSIONS, OffloadRules, Semantics
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +68,14 @@ def num_cpu_chunks(size_gib: float, block_bytes: int, world_size: int, blocks_pe
     return int(size_gib * GiB) // chunk
 
 
-def check_offload(where: str, offload: OffloadParams, version: str, spec_method: str,
+def check_offload(where: str, offload: OffloadParams, sem: Semantics, spec_method: str,
                   hybrid: bool, enable_caching: bool) -> None:
     """Refuse, with a ConfigError at ``where``, what vLLM cannot run and what kvsim does not
     reproduce yet."""
-    if version not in OFFLOAD_RELEASES:
+    if sem.offload is None:
+        covered = [v for v, s in VERSIONS.items() if s.offload is not None]
         raise ConfigError(where, f"native CPU offloading is reproduced for vLLM "
-                          f"{', '.join(OFFLOAD_RELEASES)} only, not {version}")
+                          f"{', '.join(covered)}, not {sem.version}")
     if not enable_caching:
         # 0.33's connector keys chunks by the requests' block hashes, which exist only with
         # prefix caching: its first lookup fails an assertion.
@@ -153,9 +152,11 @@ class CachePolicy(Protocol):
 
 class LRUPolicy:
     """``LRUCachePolicy``: ranks (request rank, -position) while a request runs, fresh ranks
-    when it finishes; evictable chunks in a lazily invalidated heap."""
+    when it finishes (``request_ranks``; else every stored chunk a fresh rank, as 0.32);
+    evictable chunks in a lazily invalidated heap."""
 
-    def __init__(self):
+    def __init__(self, request_ranks: bool = True):
+        self.request_ranks = request_ranks
         self.chunks: dict[int, _Chunk] = {}
         self.ranks: dict[int, tuple[int, int]] = {}
         self.evictable: set[int] = set()
@@ -200,7 +201,7 @@ class LRUPolicy:
 
     def insert(self, key: int, chunk: _Chunk, acc: _Access) -> None:
         self.chunks[key] = chunk
-        pos = acc.positions.get(key)
+        pos = acc.positions.get(key) if self.request_ranks else None
         if pos is None:
             self.next_rank += 1
             self.ranks[key] = (self.next_rank, 0)
@@ -222,6 +223,8 @@ class LRUPolicy:
         self._update_heap(updated)
 
     def on_request_access(self, keys: list[int], acc: _Access) -> None:
+        if not self.request_ranks:
+            return
         rank = self.request_rank(acc)
         updated = []
         for key in keys:
@@ -386,11 +389,12 @@ class CPUOffloadingManager:
     store is pending), the policy's eviction, ``store_threshold``'s offer counts."""
 
     def __init__(self, num_chunks: int, store_threshold: int = 0, max_tracker_size: int = 64_000,
-                 eviction_policy: Literal["lru", "arc"] = "lru"):
+                 eviction_policy: Literal["lru", "arc"] = "lru", request_ranks: bool = True):
         self.num_chunks = num_chunks
         self.num_allocated = 0
         self.free_list: list[int] = []
-        self.policy: CachePolicy = LRUPolicy() if eviction_policy == "lru" else ARCPolicy(num_chunks)
+        self.policy: CachePolicy = (LRUPolicy(request_ranks) if eviction_policy == "lru"
+                                    else ARCPolicy(num_chunks))
         self.num_evictable = 0
         self.num_write_pending = 0
         self.store_threshold = store_threshold
@@ -549,7 +553,7 @@ class _Job:
 class OffloadingConnector:
     """The scheduler side of ``OffloadingConnector`` for one full-attention group."""
 
-    def __init__(self, hasher: BlockHasher, block_size: int, num_chunks: int,
+    def __init__(self, hasher: BlockHasher, block_size: int, num_chunks: int, rules: OffloadRules,
                  blocks_per_chunk: int = 1, offload_prompt_only: bool = True,
                  store_threshold: int = 0, eagle_group: bool = False,
                  eviction_policy: Literal["lru", "arc"] = "lru"):
@@ -563,7 +567,9 @@ class OffloadingConnector:
         # stored, and lookups query one chunk further and drop one.
         self.eagle_group = eagle_group
         self.manager = CPUOffloadingManager(num_chunks, store_threshold,
-                                            eviction_policy=eviction_policy)
+                                            eviction_policy=eviction_policy,
+                                            request_ranks=rules.lru_request_ranks)
+        self.restore_from_start = rules.restore_from_start
         self.reqs: dict[str, _ReqState] = {}
         self.jobs: dict[int, _Job] = {}
         self.job_counter = 0
@@ -596,7 +602,8 @@ class OffloadingConnector:
                                    ) -> tuple[int | None, bool]:
         st = self.reqs[req.req_id]
         st.block_ids.clear()
-        st.next_stored = 0
+        if self.restore_from_start:
+            st.next_stored = 0
         if st.jobs:
             return None, False
         self._update_keys(st)

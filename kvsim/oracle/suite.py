@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 from kvsim.errors import ConfigError
-from kvsim.kv.offload import OFFLOAD_RELEASES
 from kvsim.oracle.fuzz import random_scenario, to_driver
 from kvsim.oracle.replay import build, compare, drive
 from kvsim.oracle.validate import DRIVER, oracle_python
@@ -57,7 +56,7 @@ def mixes_for(version: str, only: set[str] | None = None) -> list[Mix]:
     offloading where it reproduces the connector), limited to the named ones (``mix_name``)
     when ``only`` is given."""
     return [m for m in MIXES if (not m[2] or VERSIONS[version].async_modelled)
-            and (not m[3] or version in OFFLOAD_RELEASES)
+            and (not m[3] or VERSIONS[version].offload is not None)
             and (only is None or mix_name(m) in only)]
 
 

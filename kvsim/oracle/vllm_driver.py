@@ -332,12 +332,18 @@ def _call_filtered(fn, kwargs: dict, dropped: list[str], what: str):
     return fn(**kwargs)
 
 
-def _check_speculative(spec) -> dict:
-    if not isinstance(spec, dict):
-        raise ValueError("engine.speculative must be an object")
-    unknown = set(spec) - SPEC_KEYS
+def _known_object(value, name: str, keys: set[str]) -> dict:
+    """``value`` if it is an object holding only ``keys``, else ValueError."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object")
+    unknown = set(value) - keys
     if unknown:
-        raise ValueError(f"unknown engine.speculative keys: {sorted(unknown)}")
+        raise ValueError(f"unknown {name} keys: {sorted(unknown)}")
+    return value
+
+
+def _check_speculative(spec) -> dict:
+    spec = _known_object(spec, "engine.speculative", SPEC_KEYS)
     if spec.get("method") not in SPEC_METHODS:
         raise ValueError(f"engine.speculative.method must be one of {SPEC_METHODS}")
     k = spec.get("num_speculative_tokens")
@@ -347,12 +353,7 @@ def _check_speculative(spec) -> dict:
 
 
 def _check_offloading(d) -> dict:
-    if not isinstance(d, dict):
-        raise ValueError("engine.kv_offloading must be an object")
-    unknown = set(d) - OFFLOAD_KEYS
-    if unknown:
-        raise ValueError(f"unknown kv_offloading keys: {sorted(unknown)}")
-    out = dict(d)
+    out = dict(_known_object(d, "engine.kv_offloading", OFFLOAD_KEYS))
     for key, low in (("cpu_chunks", 1), ("blocks_per_chunk", 1), ("store_threshold", 0),
                      ("transfer_delay", 0)):
         if key in out and (not isinstance(out[key], int) or isinstance(out[key], bool)
@@ -991,52 +992,85 @@ class _InsertionOrderedSet:
         return len(self._d)
 
 
-class _FakeOffloadWorker:
-    """The worker side of native CPU offloading with the copy engine faked: which
-    transfer jobs each step's output reports done (a load also as finished_recving).
-
-    As OffloadingConnectorWorker does, a load job is submitted in the step whose
-    scheduler output carries it and a store job in the step after (its KV is written
-    by that step's forward pass); a job in jobs_to_flush is submitted and waited for
-    in the step that lists it. A submitted job is reported done `delay` schedule()
-    calls later (0: in the same step's output)."""
+class _FakeCopyEngine:
+    """vLLM's OffloadingWorker interface (the copy engine under OffloadingConnectorWorker)
+    with the copies faked: each is done `delay` schedule() calls after it is submitted
+    (0: in the same step's output); `wait` (a flush) finishes them at once."""
 
     def __init__(self, delay: int):
         self.delay = delay
-        self.due: dict[int, tuple[int, str | None]] = {}  # job id -> (call, load's req id)
+        self.call = 0
+        self.due: dict[int, int] = {}
 
-    def on_schedule(self, so, call: int, sched=None) -> None:
-        if sched is not None:
-            sched.finished_req_ids = _InsertionOrderedSet()
-        meta = so.kv_connector_metadata
-        if meta is None:
-            return
-        for job_id, job in meta.load_jobs.items():
-            self.due[job_id] = (call + self.delay, job.req_id)
-        for job_id in meta.store_jobs:
-            self.due[job_id] = (call + 1 + self.delay, None)
-        for job_id in meta.jobs_to_flush or ():
-            if job_id in self.due:
-                self.due[job_id] = (min(self.due[job_id][0], call), self.due[job_id][1])
+    def submit_store(self, job_id, src_spec, dst_spec) -> bool:
+        self.due[job_id] = self.call + self.delay
+        return True
 
-    def output(self, call: int):
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-            OffloadingWorkerMetadata,
-        )
-        from vllm.v1.outputs import KVConnectorOutput
+    def submit_load(self, job_id, src_spec, dst_spec, expedited: bool = False) -> bool:
+        self.due[job_id] = self.call + self.delay
+        return True
 
-        done = sorted(j for j, (c, _) in self.due.items() if c <= call)
-        if not done:
-            return None
-        recving = {self.due[j][1] for j in done if self.due[j][1] is not None}
-        meta = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(done, 1))
+    def get_finished(self):
+        from vllm.v1.kv_offload.base import TransferResult
+
+        done = sorted(j for j, c in self.due.items() if c <= self.call)
         for j in done:
             del self.due[j]
-        return KVConnectorOutput(finished_recving=recving or None, kv_connector_worker_meta=meta)
+        return [TransferResult(job_id=j, success=True) for j in done]
+
+    def wait(self, job_ids) -> None:
+        for j in job_ids:
+            if j in self.due:
+                self.due[j] = min(self.due[j], self.call)
+
+    def shutdown(self) -> None:
+        self.due.clear()
+
+
+class _OffloadWorker:
+    """vLLM's own OffloadingConnectorWorker over the fake copy engine, stepped as the model
+    runner steps it: handle_preemptions (flushed stores submitted and waited for), then
+    start_kv_transfers (the previous step's stores, then this step's loads), then, after
+    the forward pass, prepare_store_kv (this step's stores, submitted next step), and
+    get_finished / build_connector_worker_meta for the step's output."""
+
+    def __init__(self, sched, delay: int):
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+            build_offloading_config,
+        )
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
+            OffloadingConnectorWorker,
+        )
+        from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+        spec = OffloadingSpecFactory.create_spec(
+            build_offloading_config(sched.vllm_config, sched.kv_cache_config)
+        )
+        self.worker = OffloadingConnectorWorker(spec, sched.vllm_config, sched.kv_cache_config)
+        self.engine = _FakeCopyEngine(delay)
+        self.worker.worker = self.engine  # what register_kv_caches would build on a GPU
+
+    def step(self, so, call: int):
+        """Run the worker's hooks for the step `so` (schedule() call `call`); return its
+        KVConnectorOutput, or None when nothing finished."""
+        from vllm.v1.outputs import KVConnectorOutput
+
+        self.engine.call = call
+        meta = so.kv_connector_metadata
+        if meta is not None:
+            self.worker.handle_preemptions(meta)
+            self.worker.start_kv_transfers(meta)
+            self.worker.prepare_store_kv(meta)
+        _, recving = self.worker.get_finished(set())
+        worker_meta = self.worker.build_connector_worker_meta()
+        if not recving and worker_meta is None:
+            return None
+        return KVConnectorOutput(finished_recving=recving or None,
+                                 kv_connector_worker_meta=worker_meta)
 
     @property
     def busy(self) -> bool:
-        return bool(self.due)
+        return bool(self.engine.due or self.worker._unsubmitted_store_jobs)
 
 
 DRAFT_TOKEN_ID = 2**30 + 7  # any id that is not vLLM's -1 placeholder
@@ -1182,7 +1216,7 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
     is_async = info["async"]
     queue_size = info["queue_size"]
     queue_rule = info["queue_rule"]
-    worker = _FakeOffloadWorker(info["offload_delay"]) if info["offload_delay"] is not None else None
+    worker = _OffloadWorker(sched, info["offload_delay"]) if info["offload_delay"] is not None else None
     if worker is not None:
         sched.finished_req_ids = _InsertionOrderedSet()
 
@@ -1260,10 +1294,10 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                 totals["external_" + name] += cst[k]
         return cst
 
-    def with_transfers(mro, call: int):
-        """Attach the fake worker's report for this schedule() call."""
+    def with_transfers(mro, so, call: int):
+        """Run the worker's connector hooks for this step and attach its report."""
         if worker is not None:
-            mro.kv_connector_output = worker.output(call)
+            mro.kv_connector_output = worker.step(so, call)
         return mro
 
     def process_output(so, mro, rec, spec_info) -> None:
@@ -1336,14 +1370,14 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                 so = sched.schedule()
                 n_calls += 1
                 if worker is not None:
-                    worker.on_schedule(so, n_calls, sched)
+                    sched.finished_req_ids = _InsertionOrderedSet()
                 pst = _prefix_stats_dict(kvm.make_prefix_cache_stats())
                 if so.total_num_scheduled_tokens != 0 or any(pst.values()) or any(
                     take_stats().values()
                 ):
                     idle_error = True
                     break
-                sched.update_from_output(so, with_transfers(_model_runner_output([], []), n_calls))
+                sched.update_from_output(so, with_transfers(_model_runner_output([], []), so, n_calls))
                 if n_calls >= max_steps:
                     break
             if idle_error:
@@ -1358,8 +1392,10 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
             running_before = {r.request_id for r in sched.running} if spec_k else ()
             so = sched.schedule()
             n_calls += 1
+            kv_out = None
             if worker is not None:
-                worker.on_schedule(so, n_calls, sched)
+                sched.finished_req_ids = _InsertionOrderedSet()
+                kv_out = worker.step(so, n_calls)  # this step's connector hooks, its report
             # Prefix-cache stats are recorded inside schedule(). Read and reset
             # them now, before make_stats() in update_from_output takes them.
             pstats = _prefix_stats_dict(kvm.make_prefix_cache_stats())
@@ -1379,7 +1415,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                 q[0].total_num_scheduled_tokens > 0 for q in queue
             ) and sched.get_num_unfinished_requests() > 0 and not (
                 worker is not None
-                and (worker.busy or any(q[1].kv_connector_output is not None for q in queue))
+                and (worker.busy or kv_out is not None
+                     or any(q[1].kv_connector_output is not None for q in queue))
             ):
                 # Unfinished requests exist, nothing was scheduled and nothing
                 # is in flight. With no connector nothing changes until a step
@@ -1473,7 +1510,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                 step += 1
             else:
                 mro = _model_runner_output([], [])
-            with_transfers(mro, n_calls)
+            if worker is not None:
+                mro.kv_connector_output = kv_out
             queue.appendleft((so, mro, rec, spec_info))
             if len(queue) < queue_size and (
                 executed if queue_rule == "not_done" else executed or sched.has_requests()
