@@ -23,7 +23,7 @@ import simpy
 from kvsim import fastforward
 from kvsim.assemble import acceptance_for, build_scheduler, cost_inputs
 from kvsim.cost import COST_MODELS
-from kvsim.kv.connector import TimedWorker
+from kvsim.kv.connector import ConnectorOutput, TimedWorker
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, RequestSpec
 from kvsim.sched import Scheduler
@@ -234,11 +234,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     last_step_s = 0.0
     lazy = (fastforward.LazyDecode(sched, queue)
             if alone and not check_invariants and fastforward.applies(sched, accept) else None)
-    worker = None
-    if sched.connector is not None:
-        worker = TimedWorker(sc.engine.kv_block_bytes, sc.hardware.host_link_bandwidth_bytes_per_s,
-                             sc.hardware.host_link_latency_s)
-        rec.kv_offload = dict.fromkeys(OFFLOAD_COUNTERS, 0)
+    transfers = Transfers(sc, rec) if sched.connector is not None else NO_TRANSFERS
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:
         now = env.now
@@ -264,12 +260,10 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
         if sched.has_requests:
             plan = sched.schedule() if lazy is None else lazy.schedule(step)
             executed = plan.executes
-            if worker is not None:
-                _count_external(rec.kv_offload, plan)
+            transfers.planned(plan)
             if sched.num_unfinished and not (
                     executed or plan.preempted or any(q[0].executes for q in queue)
-                    or (worker is not None and (worker.busy or any(
-                        _carries_transfers(q[0]) for q in (*queue, (plan,)))))):
+                    or transfers.pending(plan, *(q[0] for q in queue))):
                 # The release deadlocks: the head of the waiting queue can never be admitted
                 # and nothing runs (e.g. 0.19's admission gate without a window cap, #39734).
                 rec.stopped_by = "stall"
@@ -292,10 +286,9 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             yield env.timeout(wake - now)  # idle until the next arrival
             continue
         plan, index = queue.pop()
-        if worker is not None:  # this step's transfers are submitted (a flush holds it up)
-            begin = worker.begin_step(plan.connector_meta, env.now)
-            if begin > env.now:
-                yield env.timeout(begin - env.now)
+        begin = transfers.begin(plan, env.now)  # a flush holds the step up
+        if begin > env.now:
+            yield env.timeout(begin - env.now)
         start = env.now
         duration = draft = 0.0
         if index is not None:
@@ -323,15 +316,13 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
         elif lockstep is not None:  # nothing executed while the wave runs: a dummy batch
             rec.num_dummy_steps += 1
             yield from lockstep.step(link.rank.index, *lockstep.dummy(link.rank.index))
-        elif worker is not None and (wake := _next_event_s(worker, arrivals)) is not None:
+        elif (wake := transfers.idle_until(arrivals)) is not None:
             # Nothing runs but transfers: the engine steps on until one finishes (or a
             # request arrives).
             yield env.timeout(max(0.0, wake - env.now))
         end = env.now
-        if worker is not None:
-            first, finished = sched.update_from_output(plan, accept, worker.end_step(end))
-        elif lazy is None:
-            first, finished = sched.update_from_output(plan, accept)
+        if lazy is None:
+            first, finished = sched.update_from_output(plan, accept, transfers.end(end))
         else:
             first, finished = lazy.update(plan, index, accept)
         for r in first:
@@ -361,12 +352,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                      arrivals.total if alone else len(rec.requests))
     if lazy is not None:
         lazy.dissolve()  # every request's counters as step-by-step simulation leaves them
-    if worker is not None:
-        assert rec.kv_offload is not None
-        rec.kv_offload.update(kv_offload_load_bytes=worker.load_bytes,
-                              kv_offload_store_bytes=worker.store_bytes,
-                              kv_offload_load_time_s=worker.load_time_s,
-                              kv_offload_store_time_s=worker.store_time_s)
+    transfers.report()
     rec.end_s = env.now
     if alone:
         left = arrivals.rest()  # made now: a run cut short lists them too
@@ -381,29 +367,79 @@ OFFLOAD_COUNTERS = ("external_prefix_cache_queries", "external_prefix_cache_hits
                     "kv_offload_store_bytes", "kv_offload_load_time_s", "kv_offload_store_time_s")
 
 
-def _count_external(counters: dict[str, float] | None, plan) -> None:
-    """vLLM's connector prefix-cache stats of one schedule() (lookups of preempted requests
-    counted apart)."""
-    assert counters is not None
-    st = plan.external_prefix_cache
-    counters["external_prefix_cache_queries"] += st.queries
-    counters["external_prefix_cache_hits"] += st.hits
-    counters["external_prefix_cache_requests"] += st.requests
-    counters["external_preempted_queries"] += st.preempted_queries
-    counters["external_preempted_hits"] += st.preempted_hits
+class Transfers:
+    """An engine's KV-connector transfers in time: the worker's copies over the host link
+    (``TimedWorker``) and vLLM's counters in the records (``Records.kv_offload``)."""
+
+    def __init__(self, sc: Scenario, rec: Records):
+        hw = sc.hardware
+        assert hw.host_link_bandwidth_bytes_per_s is not None  # config requires it with a tier
+        self.worker = TimedWorker(sc.engine.kv_block_bytes, hw.host_link_bandwidth_bytes_per_s,
+                                  hw.host_link_latency_s)
+        self.counters = rec.kv_offload = dict.fromkeys(OFFLOAD_COUNTERS, 0)
+
+    def planned(self, plan) -> None:
+        """vLLM's connector prefix-cache stats of one schedule() (lookups of preempted
+        requests counted apart)."""
+        st, c = plan.external_prefix_cache, self.counters
+        c["external_prefix_cache_queries"] += st.queries
+        c["external_prefix_cache_hits"] += st.hits
+        c["external_prefix_cache_requests"] += st.requests
+        c["external_preempted_queries"] += st.preempted_queries
+        c["external_preempted_hits"] += st.preempted_hits
+
+    def pending(self, *plans) -> bool:
+        """Whether transfers are in flight or planned steps still hand some over."""
+        return self.worker.busy or any(
+            (m := p.connector_meta) is not None and bool(m.load_jobs or m.store_jobs
+                                                         or m.jobs_to_flush) for p in plans)
+
+    def begin(self, plan, now: float) -> float:
+        """Submit the step's transfers; when it can start."""
+        return self.worker.begin_step(plan.connector_meta, now)
+
+    def idle_until(self, arrivals) -> float | None:
+        """When a step that runs nothing ends: at the next transfer's end or arrival; None
+        when nothing is in flight (the next step submits what is waiting at once)."""
+        done = self.worker.next_done_s()
+        if done is None:
+            return None
+        arrival = arrivals.next_arrival_s()
+        return done if arrival is None else min(done, arrival)
+
+    def end(self, now: float) -> ConnectorOutput | None:
+        return self.worker.end_step(now)
+
+    def report(self) -> None:
+        w = self.worker
+        self.counters.update(kv_offload_load_bytes=w.load_bytes, kv_offload_store_bytes=w.store_bytes,
+                             kv_offload_load_time_s=w.load_time_s,
+                             kv_offload_store_time_s=w.store_time_s)
 
 
-def _carries_transfers(plan) -> bool:
-    """Whether a planned step hands the worker transfers (still to be submitted)."""
-    meta = plan.connector_meta
-    return meta is not None and bool(meta.load_jobs or meta.store_jobs or meta.jobs_to_flush)
+class _NoTransfers:
+    """An engine without a KV connector: nothing to time or count."""
+
+    def planned(self, plan) -> None:
+        pass
+
+    def pending(self, *plans) -> bool:
+        return False
+
+    def begin(self, plan, now: float) -> float:
+        return now
+
+    def idle_until(self, arrivals) -> float | None:
+        return None
+
+    def end(self, now: float) -> ConnectorOutput | None:
+        return None
+
+    def report(self) -> None:
+        pass
 
 
-def _next_event_s(worker: TimedWorker, arrivals) -> float | None:
-    """When a step that runs nothing ends: at the next transfer's end or arrival; None when
-    the worker has only stores to submit (the next step submits them at once)."""
-    times = [t for t in (worker.next_done_s(), arrivals.next_arrival_s()) if t is not None]
-    return min(times) if times and worker.next_done_s() is not None else None
+NO_TRANSFERS = _NoTransfers()
 
 
 def _decode_record(step, start, duration, num_running, num_waiting, num_free_blocks,
