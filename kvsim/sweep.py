@@ -242,12 +242,13 @@ def _ray(tasks: list[tuple[dict, str]], workers: int,
 
     import kvsim
 
-    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
     if address:
         # A cluster's workers get this kvsim's code (they need its dependencies installed).
-        ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(kvsim.__file__)]}, **quiet)
+        ray.init(address=address, runtime_env={"py_modules": [os.path.dirname(kvsim.__file__)]},
+                 log_to_driver=False, logging_level=logging.ERROR)
     else:
-        ray.init(num_cpus=workers, include_dashboard=False, **quiet)
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR)
     try:
         remote = ray.remote(num_cpus=1)(run_point)
         refs = {remote.remote(*t): i for i, t in enumerate(tasks)}

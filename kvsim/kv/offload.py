@@ -400,7 +400,6 @@ class CPUOffloadingManager:
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
         self.counts: OrderedDict[int, int] | None = OrderedDict() if store_threshold >= 2 else None
-        self.num_stores_skipped = 0
 
     def lookup(self, key: int) -> Lookup:
         chunk = self.policy.get(key)
@@ -470,9 +469,7 @@ class CPUOffloadingManager:
         to_store = [k for k in keys if get(k) is None]
         ready = [k for k in keys if (c := get(k)) is not None and c.is_ready]
         if self.counts is not None:
-            n = len(to_store)
             to_store = [k for k in to_store if self.counts.get(k, 0) >= self.store_threshold]
-            self.num_stores_skipped += n - len(to_store)
         misses = [k for k in to_store if k not in acc.store_miss]
         if misses:
             self.policy.on_store_miss(misses, acc)
@@ -578,9 +575,6 @@ class OffloadingConnector:
         self.batch_flush: set[int] = set()
         self.block_to_jobs: dict[int, set[int]] = {}
         self.being_loaded: set[int] = set()  # chunks loads in flight read
-        # vLLM's names: kv_offload_{load,store}_bytes count blocks here (the engine scales).
-        self.num_loaded_blocks = 0
-        self.num_stored_blocks = 0
 
     # -- keys -----------------------------------------------------------------------------
 
@@ -771,10 +765,8 @@ class OffloadingConnector:
             st = self.reqs[job.req_id]
             if job.is_store:
                 self.manager.complete_store(job.keys)
-                self.num_stored_blocks += len(job.fence)
             else:
                 self.manager.complete_load(job.keys)
-                self.num_loaded_blocks += len(job.keys) * self.bpc
                 if self.being_loaded:
                     self.being_loaded.difference_update(job.keys)
             if self.block_to_jobs and job.is_store and st.req.status.name.startswith("FINISHED"):
