@@ -5,6 +5,8 @@ through vLLM's own OffloadingConnector by the oracle driver, which agreed. Trans
 the call that carries it, a store in the call after, each reported done ``delay`` calls after
 submission."""
 
+import csv
+
 import pytest
 
 from kvsim.config import parse_scenario
@@ -315,3 +317,33 @@ def test_lru_evicts_a_running_requests_tail_first_in_033_and_its_head_first_in_0
     _stored(m, [9], [16])
     assert evicted not in set(m.policy.chunk_keys())
     m.check_invariants()
+
+
+def test_compare_varies_the_tier(tmp_path, capsys):
+    from kvsim.cli import main
+
+    (tmp_path / "s.toml").write_text(
+        '[model]\npreset = "llama-3.2-1b"\n[hardware]\npreset = "l40s"\n'
+        "[engine]\nnum_gpu_blocks = 160\nmax_model_len = 2048\n"
+        "[workload]\ngenerator = \"multi_turn\"\nnum_requests = 40\nrequest_rate = 8.0\n")
+    out = tmp_path / "cmp"
+    assert main(["compare", str(tmp_path / "s.toml"), "--out", str(out),
+                 "--vary", "engine.kv_offloading_size=0,4"]) == 0
+    assert "CPU hit %" in capsys.readouterr().out
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert [r["variant"] for r in rows] == ["kv_offloading_size=0", "kv_offloading_size=4"]
+    assert rows[0]["external_prefix_cache_hit_rate"] == ""
+    assert float(rows[1]["external_prefix_cache_hit_rate"]) > 0
+
+
+def test_the_resolved_scenario_keeps_the_tier():
+    import tomllib
+
+    from kvsim.scenario_text import resolved_toml
+
+    sc = parse_scenario(_scenario(kv_offloading_size=8.0, kv_connector_extra_config={
+        "blocks_per_chunk": 2, "eviction_policy": "arc", "store_threshold": 2}))
+    text = resolved_toml(sc)
+    assert ('kv_connector_extra_config = {blocks_per_chunk = 2, eviction_policy = "arc", '
+            "store_threshold = 2}") in text
+    assert parse_scenario(tomllib.loads(text)).engine == sc.engine
