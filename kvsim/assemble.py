@@ -113,9 +113,7 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
     connector = None
     if offload is not None:
         assert isinstance(kv, KVCacheManager) and sem.offload is not None  # check_offload
-        connector = OffloadingConnector(kv.hasher, block_size, offload.num_chunks, sem.offload,
-                                        offload.blocks_per_chunk, offload.offload_prompt_only,
-                                        offload.store_threshold, eagle_group=setup.eagle_drop,
-                                        eviction_policy=offload.eviction_policy)
+        connector = OffloadingConnector(kv.hasher, block_size, offload, sem.offload,
+                                        eagle_group=setup.eagle_drop)
     return Scheduler(params, kv, sem, connector)
 

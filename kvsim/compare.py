@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvsim import engine, metrics, overrides
 from kvsim.config import parse_scenario
-from kvsim.model import ModelCfg
+from kvsim.model import GiB, ModelCfg
 from kvsim.workload import build_requests
 
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
@@ -109,7 +109,7 @@ def row(name: str, s: dict) -> dict:
         "num_preemptions": s["num_preemptions"],
         "mean_acceptance_length": sd.get("mean_acceptance_length"),
         "external_prefix_cache_hit_rate": ko.get("external_prefix_cache_hit_rate"),
-        "kv_offload_load_gib": (ko["kv_offload_load_bytes"] / 2**30 if ko else None),
+        "kv_offload_load_gib": (ko["kv_offload_load_bytes"] / GiB if ko else None),
     }
 
 

@@ -26,7 +26,7 @@ from kvsim.cost import COST_MODELS
 from kvsim.kv.connector import ConnectorOutput, TimedWorker
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, RequestSpec
-from kvsim.sched import Scheduler
+from kvsim.sched import PrefixCacheStats, Scheduler
 from kvsim.schema import Scenario
 from kvsim.specdec import Acceptance, AcceptanceTally
 
@@ -361,32 +361,22 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 results.request(r)
 
 
-OFFLOAD_COUNTERS = ("external_prefix_cache_queries", "external_prefix_cache_hits",
-                    "external_prefix_cache_requests", "external_preempted_queries",
-                    "external_preempted_hits", "kv_offload_load_bytes",
-                    "kv_offload_store_bytes", "kv_offload_load_time_s", "kv_offload_store_time_s")
-
-
 class Transfers:
     """An engine's KV-connector transfers in time: the worker's copies over the host link
-    (``TimedWorker``) and vLLM's counters in the records (``Records.kv_offload``)."""
+    (``TimedWorker``) and vLLM's counters, written to the records at the end
+    (``Records.kv_offload``)."""
 
     def __init__(self, sc: Scenario, rec: Records):
         hw = sc.hardware
         assert hw.host_link_bandwidth_bytes_per_s is not None  # config requires it with a tier
         self.worker = TimedWorker(sc.engine.kv_block_bytes, hw.host_link_bandwidth_bytes_per_s,
                                   hw.host_link_latency_s)
-        self.counters = rec.kv_offload = dict.fromkeys(OFFLOAD_COUNTERS, 0)
+        self.rec = rec
+        self.external = PrefixCacheStats()
 
     def planned(self, plan) -> None:
-        """vLLM's connector prefix-cache stats of one schedule() (lookups of preempted
-        requests counted apart)."""
-        st, c = plan.external_prefix_cache, self.counters
-        c["external_prefix_cache_queries"] += st.queries
-        c["external_prefix_cache_hits"] += st.hits
-        c["external_prefix_cache_requests"] += st.requests
-        c["external_preempted_queries"] += st.preempted_queries
-        c["external_preempted_hits"] += st.preempted_hits
+        """vLLM's connector prefix-cache stats of one schedule()."""
+        self.external.add(plan.external_prefix_cache)
 
     def pending(self, *plans) -> bool:
         """Whether transfers are in flight or planned steps still hand some over."""
@@ -412,9 +402,11 @@ class Transfers:
 
     def report(self) -> None:
         w = self.worker
-        self.counters.update(kv_offload_load_bytes=w.load_bytes, kv_offload_store_bytes=w.store_bytes,
-                             kv_offload_load_time_s=w.load_time_s,
-                             kv_offload_store_time_s=w.store_time_s)
+        self.rec.kv_offload = {**self.external.external_counters(),
+                               "kv_offload_load_bytes": w.load_bytes,
+                               "kv_offload_store_bytes": w.store_bytes,
+                               "kv_offload_load_time_s": w.load_time_s,
+                               "kv_offload_store_time_s": w.store_time_s}
 
 
 class _NoTransfers:

@@ -19,6 +19,7 @@ import numpy as np
 
 from kvsim import __version__
 from kvsim.engine import Records, StepRecord
+from kvsim.model import GiB
 from kvsim.scenario_text import resolved_toml
 from kvsim.schema import SCHEMA, Scenario
 
@@ -442,8 +443,8 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
                      f"{ko['blocks_per_chunk']} blocks): {ko['external_prefix_cache_hits']:,} hit of "
                      f"{ko['external_prefix_cache_queries']:,} tokens queried past the GPU hit"
                      + (f" ({100 * rate:.1f} %)" if rate is not None else ""))
-        lines.append(f"{'':14}loaded {ko['kv_offload_load_bytes'] / 2**30:.2f} GiB, stored "
-                     f"{ko['kv_offload_store_bytes'] / 2**30:.2f} GiB")
+        lines.append(f"{'':14}loaded {ko['kv_offload_load_bytes'] / GiB:.2f} GiB, stored "
+                     f"{ko['kv_offload_store_bytes'] / GiB:.2f} GiB")
     lines.append(f"preemptions   {s['num_preemptions']}")
     behind = over_capacity_text(s)
     if behind:

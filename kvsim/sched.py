@@ -82,6 +82,24 @@ class PrefixCacheStats:
             self.queries += num_tokens
             self.hits += num_hits
 
+    def add(self, other: PrefixCacheStats) -> None:
+        self.requests += other.requests
+        self.queries += other.queries
+        self.hits += other.hits
+        self.preempted_requests += other.preempted_requests
+        self.preempted_queries += other.preempted_queries
+        self.preempted_hits += other.preempted_hits
+
+    def external_counters(self) -> dict[str, int]:
+        """A connector's stats under the names vLLM's metrics and the oracle driver give them
+        (``vllm:external_prefix_cache_*``)."""
+        return {"external_prefix_cache_queries": self.queries,
+                "external_prefix_cache_hits": self.hits,
+                "external_prefix_cache_requests": self.requests,
+                "external_preempted_queries": self.preempted_queries,
+                "external_preempted_hits": self.preempted_hits,
+                "external_preempted_requests": self.preempted_requests}
+
 
 @dataclass(slots=True)
 class Chunk:
@@ -219,6 +237,9 @@ class Scheduler:
         self.defer_block_free = connector is not None and params.async_scheduling
         self.sched_step_seq = self.processed_step_seq = 0
         self.deferred_frees: deque[tuple[int, list]] = deque()
+        # Running requests' table lengths before this step's allocation (a connector sees
+        # only their new blocks; new and resumed requests' whole tables).
+        self._held_before: dict[str, int] = {}
         self.spec = params.spec
         # Draft-model input slots: charged per scheduled request (0.32+), or reserved for
         # max_num_seqs requests up front by shrinking the token budget (earlier releases).
@@ -260,7 +281,7 @@ class Scheduler:
         plan = StepPlan()
         scheduled: dict[str, Chunk] = {}
         self.kv.new_step_starts()
-        self._held_before: dict[str, int] = {}  # running requests' table lengths (connector)
+        self._held_before = {}
         # vLLM keeps two budgets: scheduled tokens, and model inputs, from which each
         # scheduled request also takes ``draft_slots`` (draft-model inputs).
         budget = [self.token_budget, p.max_num_batched_tokens]
@@ -290,8 +311,7 @@ class Scheduler:
             held = self._held_before.get(req_id)
             new_ids[req_id] = ([b.block_id for b in table], True) if held is None else (
                 [b.block_id for b in table[held:]], False)
-        return StepView({c.req.req_id: c.num_new_tokens for c in plan.scheduled},
-                        {c.req.req_id: c.req for c in plan.scheduled}, new_ids,
+        return StepView({c.req.req_id: c.num_new_tokens for c in plan.scheduled}, new_ids,
                         tuple(r.req_id for r in plan.preempted), tuple(self.finished_since))
 
     def _update_after_schedule(self, chunks: list[Chunk]) -> None:

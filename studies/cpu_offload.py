@@ -23,6 +23,7 @@ from pathlib import Path
 
 from kvsim import engine, metrics, overrides
 from kvsim.config import parse_scenario
+from kvsim.model import GiB
 from kvsim.workload import build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +46,8 @@ def simulate(raw: dict, size: float) -> dict:
             "host_hit_tokens": ko.get("external_prefix_cache_hits", 0),
             "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p90_s": s["ttft_s"]["p90"],
             "ttft_mean_s": s["ttft_s"]["mean"], "e2e_mean_s": s["e2e_s"]["mean"],
-            "load_gib": ko.get("kv_offload_load_bytes", 0) / 2**30,
-            "store_gib": ko.get("kv_offload_store_bytes", 0) / 2**30,
+            "load_gib": ko.get("kv_offload_load_bytes", 0) / GiB,
+            "store_gib": ko.get("kv_offload_store_bytes", 0) / GiB,
             "num_preemptions": s["num_preemptions"], "cpu_s": time.process_time() - start}
 
 

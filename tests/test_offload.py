@@ -347,3 +347,12 @@ def test_the_resolved_scenario_keeps_the_tier():
     assert ('kv_connector_extra_config = {blocks_per_chunk = 2, eviction_policy = "arc", '
             "store_threshold = 2}") in text
     assert parse_scenario(tomllib.loads(text)).engine == sc.engine
+
+
+def test_a_store_threshold_stores_a_chunk_on_its_second_offer():
+    # store_threshold = 2 (CPUOffloadingManager: offers are counted first, then only keys
+    # offered at least twice are stored): the first offer stores nothing, the second does.
+    m = CPUOffloadingManager(4, store_threshold=2)
+    assert m.prepare_store([5], _Access(positions={5: 16})) == []
+    assert m.prepare_store([5], _Access(positions={5: 16})) == [5]
+    m.check_invariants()

@@ -62,12 +62,11 @@ class ConnectorOutput:
 @dataclass(frozen=True, slots=True)
 class StepView:
     """One ``schedule()`` as the connector sees it (the parts of vLLM's ``SchedulerOutput``
-    it reads): tokens scheduled per request in scheduling order, the request objects, the
-    block ids each request holds now and whether they are its whole table, the requests
-    preempted and those that finished since the last step."""
+    it reads): tokens scheduled per request in scheduling order, each request's new block
+    ids and whether they are its whole table, the requests preempted and those that finished
+    since the last step."""
 
     num_scheduled_tokens: dict[str, int]
-    requests: dict[str, Request]
     new_block_ids: dict[str, tuple[list[int], bool]]
     preempted: tuple[str, ...]
     finished: tuple[Request, ...]

@@ -37,6 +37,7 @@ from typing import Literal, Protocol
 from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, StepView, TransferJob
 from kvsim.kv.hashing import BlockHasher
+from kvsim.model import GiB
 from kvsim.request import Request, Status
 from kvsim.semantics import VERSIONS, OffloadRules, Semantics
 
@@ -57,7 +58,6 @@ class OffloadParams:
 
 # CPUOffloadingSpec rounds a chunk's bytes up to the page size (mmap.PAGESIZE on Linux).
 PAGE_BYTES = 4096
-GiB = 1 << 30
 
 
 def num_cpu_chunks(size_gib: float, block_bytes: int, world_size: int, blocks_per_chunk: int) -> int:
@@ -114,8 +114,7 @@ class _Access:
 
     positions: dict[int, int] = field(default_factory=dict)  # key -> end token
     rank: int | None = None
-    seen: list[int] = field(default_factory=list)
-    seen_set: set[int] = field(default_factory=set)
+    seen: dict[int, None] = field(default_factory=dict)  # in the order first seen
     store_miss: set[int] = field(default_factory=set)
     inserted: set[int] = field(default_factory=set)  # chunks this request stored
     reused: set[int] = field(default_factory=set)  # ready chunks it loaded or found stored
@@ -413,11 +412,9 @@ class CPUOffloadingManager:
     def _record_access(self, keys, acc: _Access, reused=()) -> None:
         new = []
         for key in keys:
-            if key in acc.seen_set:
-                continue
-            acc.seen.append(key)
-            acc.seen_set.add(key)
-            new.append(key)
+            if key not in acc.seen:
+                acc.seen[key] = None
+                new.append(key)
         if new:
             self.policy.on_request_access(new, acc)
         acc.reused.update(k for k in reused if k not in acc.inserted)
@@ -550,21 +547,19 @@ class _Job:
 class OffloadingConnector:
     """The scheduler side of ``OffloadingConnector`` for one full-attention group."""
 
-    def __init__(self, hasher: BlockHasher, block_size: int, num_chunks: int, rules: OffloadRules,
-                 blocks_per_chunk: int = 1, offload_prompt_only: bool = True,
-                 store_threshold: int = 0, eagle_group: bool = False,
-                 eviction_policy: Literal["lru", "arc"] = "lru"):
+    def __init__(self, hasher: BlockHasher, block_size: int, offload: OffloadParams,
+                 rules: OffloadRules, eagle_group: bool = False):
         self.hasher = hasher
         self.block_size = block_size
-        self.bpc = blocks_per_chunk
-        self.tokens_per_chunk = block_size * blocks_per_chunk
-        self.offload_prompt_only = offload_prompt_only
+        self.bpc = offload.blocks_per_chunk
+        self.tokens_per_chunk = block_size * self.bpc
+        self.offload_prompt_only = offload.offload_prompt_only
         # The group holds an EAGLE/MTP drafter's layers (with the block drop): the KV at a
         # decoding request's last position may be rewritten, so its trailing chunk is not
         # stored, and lookups query one chunk further and drop one.
         self.eagle_group = eagle_group
-        self.manager = CPUOffloadingManager(num_chunks, store_threshold,
-                                            eviction_policy=eviction_policy,
+        self.manager = CPUOffloadingManager(offload.num_chunks, offload.store_threshold,
+                                            eviction_policy=offload.eviction_policy,
                                             request_ranks=rules.lru_request_ranks)
         self.restore_from_start = rules.restore_from_start
         self.reqs: dict[str, _ReqState] = {}
@@ -714,10 +709,10 @@ class OffloadingConnector:
         jobs = []
         finished = {r.req_id: r for r in step.finished}
         for req_id in chain(step.num_scheduled_tokens, finished):
-            state = self.reqs.get(req_id)
-            if state is None:
+            st = self.reqs.get(req_id)
+            if st is None:
                 continue
-            st, req = state, state.req
+            req = st.req
             if req_id in finished:
                 after = max(req.num_prompt_tokens, req.num_tokens - 1)
             else:
@@ -729,10 +724,8 @@ class OffloadingConnector:
             start = st.next_stored
             new_keys = []
             for i in range(start, num_chunks):
-                block_id = st.block_ids[i * self.bpc + self.bpc - 1]
-                if block_id == 0 or any(st.block_ids[i * self.bpc + j] == 0 for j in range(self.bpc)):
-                    continue
-                new_keys.append(st.keys[i])
+                if 0 not in st.block_ids[i * self.bpc:(i + 1) * self.bpc]:  # (0: a null block)
+                    new_keys.append(st.keys[i])
             if not new_keys:
                 st.next_stored = max(st.next_stored, num_chunks)
                 continue
@@ -752,7 +745,7 @@ class OffloadingConnector:
             st.jobs.add(job_id)
             self.jobs[job_id] = _Job(req_id, to_store, True, fence)
             jobs.append(TransferJob(job_id, req_id, "store", len(fence)))
-            if req.status.name.startswith("FINISHED"):
+            if req.status is Status.FINISHED:
                 for bid in fence:
                     self.block_to_jobs.setdefault(bid, set()).add(job_id)
                     if bid in self.batch_allocated:
@@ -767,9 +760,8 @@ class OffloadingConnector:
                 self.manager.complete_store(job.keys)
             else:
                 self.manager.complete_load(job.keys)
-                if self.being_loaded:
-                    self.being_loaded.difference_update(job.keys)
-            if self.block_to_jobs and job.is_store and st.req.status.name.startswith("FINISHED"):
+                self.being_loaded.difference_update(job.keys)
+            if self.block_to_jobs and job.is_store and st.req.status is Status.FINISHED:
                 for bid in job.fence:
                     pending = self.block_to_jobs.get(bid)
                     if pending is not None:

@@ -20,7 +20,7 @@ from kvsim.kv.connector import StepDelayWorker
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.kv.offload import OffloadParams
 from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
-from kvsim.sched import Scheduler, SchedulerParams
+from kvsim.sched import PrefixCacheStats, Scheduler, SchedulerParams
 from kvsim.schema import vllm_retention
 from kvsim.semantics import semantics_for
 from kvsim.specdec import Drafting
@@ -33,9 +33,7 @@ ENGINE_DEFAULTS = {
 }
 REQUEST_FIELDS = ("cached_tokens", "num_preemptions", "first_scheduled_step", "first_token_step",
                   "finish_step", "num_output_tokens", "external_cached_tokens")
-EXTERNAL_TOTALS = ("external_prefix_cache_queries", "external_prefix_cache_hits",
-                   "external_prefix_cache_requests", "external_preempted_queries",
-                   "external_preempted_hits", "external_preempted_requests")
+EXTERNAL_TOTALS = tuple(PrefixCacheStats().external_counters())
 
 
 def prompt_of(spec: dict):
@@ -97,7 +95,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
     # The oracle's fake worker: transfers take a fixed number of schedule() calls.
     worker = (StepDelayWorker(int(engine["kv_offloading"].get("transfer_delay", 0)))
               if sched.connector is not None else None)
-    totals = dict.fromkeys(EXTERNAL_TOTALS, 0)
+    external = PrefixCacheStats()  # the connector's, over every schedule() call
     calls = 0
     specs = scenario["requests"]
     reqs = []
@@ -145,7 +143,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
             if worker is not None:
                 worker.submit(plan.connector_meta, calls)
                 kv_out = worker.output(calls)
-                _add_external(totals, plan.external_prefix_cache)
+                external.add(plan.external_prefix_cache)
             executed = bool(plan.scheduled)
             if sched.num_unfinished and not (
                     executed or plan.preempted or any(q[0].scheduled for q in queue)
@@ -188,17 +186,8 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         for r in reqs:
             out["requests"][r.req_id]["external_cached_tokens"] = (
                 r.external_cached_tokens if r.cached_tokens is not None else None)
-        out["totals"] = totals
+        out["totals"] = external.external_counters()
     return out
-
-
-def _add_external(totals: dict, st) -> None:
-    totals["external_prefix_cache_queries"] += st.queries
-    totals["external_prefix_cache_hits"] += st.hits
-    totals["external_prefix_cache_requests"] += st.requests
-    totals["external_preempted_queries"] += st.preempted_queries
-    totals["external_preempted_hits"] += st.preempted_hits
-    totals["external_preempted_requests"] += st.preempted_requests
 
 
 def _record(sched: Scheduler, plan, step: int, planned: dict[str, int]) -> dict:

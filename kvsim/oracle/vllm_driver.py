@@ -44,8 +44,8 @@ Input schema (every engine key is optional; the defaults are below):
                        chunks vLLM's CPUOffloadingSpec sizes), eviction_policy
                        ("lru" | "arc", default "lru"), blocks_per_chunk (default
                        1), offload_prompt_only (default vLLM's), store_threshold
-                       (default 0), transfer_delay (default 0: see the fake
-                       worker below)}. vLLM's native CPU offloading, wired as
+                       (default 0), transfer_delay (default 0: the schedule()
+                       calls a copy takes, see _FakeCopyEngine)}. vLLM's native CPU offloading, wired as
                        VllmConfig wires --kv-offloading-size with backend
                        "native" (OffloadingConnector, kv_role kv_both); 0.32+.
   requests[]: req_id, prompt_token_ids, max_tokens, priority (default 0),
@@ -376,10 +376,10 @@ def _offload_extra_config(offload: dict) -> dict:
     return extra
 
 
-def _size_cpu_tier(vllm_config, kv_cache_config, offload: dict) -> int:
+def _size_cpu_tier(vllm_config, kv_cache_config, offload: dict) -> None:
     """Set cpu_bytes_to_use (and kv_offloading_size, GiB) to exactly cpu_chunks of the
     chunks CPUOffloadingSpec carves: round_up(bytes per GPU block x world size x
-    blocks_per_chunk, page size). Returns the byte count."""
+    blocks_per_chunk, page size)."""
     import mmap
 
     from vllm.utils.math_utils import round_up
@@ -390,7 +390,6 @@ def _size_cpu_tier(vllm_config, kv_cache_config, offload: dict) -> int:
     cpu_bytes = int(offload["cpu_chunks"]) * chunk
     vllm_config.kv_transfer_config.kv_connector_extra_config["cpu_bytes_to_use"] = cpu_bytes
     vllm_config.cache_config.kv_offloading_size = cpu_bytes / (1 << 30)
-    return cpu_bytes
 
 
 def _check_kv_groups(groups) -> list[dict]:
@@ -979,9 +978,6 @@ class _InsertionOrderedSet:
     def add(self, x: str) -> None:
         self._d[x] = None
 
-    def discard(self, x: str) -> None:
-        self._d.pop(x, None)
-
     def __contains__(self, x) -> bool:
         return x in self._d
 
@@ -1286,7 +1282,7 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                 still.append(s)
         pending = still
 
-    def take_stats(rec_stats: dict | None = None) -> dict:
+    def take_stats() -> dict:
         cst = _take_connector_stats(sched)
         if worker is not None:
             for k in _STAT_KEYS:
