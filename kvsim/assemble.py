@@ -16,6 +16,8 @@ from kvsim.config import model_preset
 from kvsim.cost.base import CostInputs, Drafter
 from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager, KVManager
+from kvsim.kv.connector import KVConnector
+from kvsim.kv.nixl import NixlConnector, PDParams, check_pd, prefill_backoff
 from kvsim.kv.offload import OffloadingConnector, OffloadParams, check_offload
 from kvsim.kv.pool import BlockPool
 from kvsim.sched import Scheduler, SchedulerParams
@@ -78,19 +80,23 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
                        num_gpu_blocks: int, block_size: int, enable_caching: bool,
                        kv_groups: list[GroupSpec] | None = None,
                        retention_interval: int | None = None,
-                       offload: OffloadParams | None = None) -> Scheduler:
+                       offload: OffloadParams | None = None,
+                       kv_transfer: PDParams | None = None) -> Scheduler:
     """A fresh scheduler over its own pool; ``params.spec`` is derived here from ``spec``.
 
     With ``kv_groups``, each group's block size applies and ``block_size`` does not;
     ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` (None: dense);
-    ``offload`` adds vLLM's native CPU offloading behind the KV-connector seam.
+    ``offload`` adds vLLM's native CPU offloading behind the KV-connector seam,
+    ``kv_transfer`` makes the engine one side of a P/D pair (NixlConnector).
     """
     if offload is not None:
         check_offload("engine.kv_offloading_size", offload, sem, spec.method,
                       bool(kv_groups), enable_caching)
+    if kv_transfer is not None:
+        check_pd("kv_role", sem, bool(kv_groups))
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
     setup = derive_spec(spec, sem, enable_caching, scheduler_block_size,
-                        kv_transfer=offload is not None)
+                        kv_transfer=offload is not None or kv_transfer is not None)
     pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
     kv: KVManager
     if kv_groups:
@@ -110,10 +116,13 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
                             num_reprefillable=setup.num_reprefillable)
     params = SchedulerParams(**{**{f: getattr(params, f) for f in params.__dataclass_fields__},
                                 "spec": setup.params})
-    connector = None
+    connector: KVConnector | None = None
     if offload is not None:
         assert isinstance(kv, KVCacheManager) and sem.offload is not None  # check_offload
         connector = OffloadingConnector(kv.hasher, block_size, offload, sem.offload,
                                         eagle_group=setup.eagle_drop)
+    elif kv_transfer is not None:
+        connector = NixlConnector(kv_transfer, block_size,
+                                  prefill_backoff(setup.params.num_prefill_lookahead))
     return Scheduler(params, kv, sem, connector)
 

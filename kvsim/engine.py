@@ -381,8 +381,7 @@ class Transfers:
     def pending(self, *plans) -> bool:
         """Whether transfers are in flight or planned steps still hand some over."""
         return self.worker.busy or any(
-            (m := p.connector_meta) is not None and bool(m.load_jobs or m.store_jobs
-                                                         or m.jobs_to_flush) for p in plans)
+            p.connector_meta is not None and p.connector_meta.hands_over for p in plans)
 
     def begin(self, plan, now: float) -> float:
         """Submit the step's transfers; when it can start."""

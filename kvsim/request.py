@@ -113,6 +113,26 @@ class SegmentTokens:
         return out
 
 
+@dataclass(slots=True)
+class KVTransferParams:
+    """A request's ``kv_transfer_params`` in a P/D pair, as vLLM's NixlConnector reads and
+    writes them (a dict there; the connector mutates some fields as vLLM's does).
+
+    The proxy sends the prefill side ``do_remote_decode``; the prefill side's
+    ``request_finished`` returns the decode side's: ``do_remote_prefill`` with the remote
+    request's engine (an engine index here, vLLM's ``remote_engine_id``), id, blocks
+    (``remote_num_blocks``: how many) and ``remote_num_tokens``."""
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine: int | None = None
+    remote_request_id: str | None = None
+    remote_num_blocks: int = 0  # len(remote_block_ids)
+    remote_num_tokens: int = 0
+    p_side_truncated: bool = False  # vLLM's _p_side_truncated
+    remote_blocks_processed: bool = False  # vLLM's _remote_blocks_processed
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """An immutable workload record: what arrives, when, and how much it generates."""
@@ -142,7 +162,8 @@ class Request:
         "num_stale_output_tokens", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_scheduled_s", "first_token_s", "finish_s", "session_id", "replica", "dp_rank",
-        "rank", "lz_sched", "lz_upd", "lz_in", "last_sched_seq",
+        "rank", "lz_sched", "lz_upd", "lz_in", "last_sched_seq", "kv_transfer_params",
+        "kv_transfer_output",
     )
 
     def __init__(self, spec: RequestSpec, seq: int):
@@ -197,6 +218,10 @@ class Request:
         # lag the scheduled steps (and lz_upd: the applied outputs); see LazyDecode.
         self.lz_sched: int | None = None
         self.lz_upd = self.lz_in = 0
+        # P/D: the params the request came with, and those its finish returned (the output's
+        # kv_transfer_params, which the proxy hands the decode side).
+        self.kv_transfer_params: KVTransferParams | None = None
+        self.kv_transfer_output: KVTransferParams | None = None
 
     @property
     def num_tokens(self) -> int:

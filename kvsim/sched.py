@@ -219,7 +219,7 @@ class Scheduler:
         self.params = params
         self.kv = kv
         self.sem = sem
-        # A KV connector (kvsim.kv.connector): an offload tier, later a P/D transfer.
+        # A KV connector (kvsim.kv.connector): an offload tier, or one side of a P/D pair.
         self.connector = connector
         # Waiting requests that hold blocks (a finished or pending load) go first (0.33's
         # kv_holding_waiting); loads the worker reported, not yet taken up.
@@ -234,7 +234,11 @@ class Scheduler:
         # second batch in flight (async scheduling), a freed request's blocks go back to the
         # pool only once the last step that scheduled it has been processed (0.33's
         # defer_block_free): steps are numbered as scheduled and as processed.
-        self.defer_block_free = connector is not None and params.async_scheduling
+        self.defer_block_free = (connector is not None and connector.is_kv_consumer
+                                 and params.async_scheduling)
+        # Finished requests whose blocks stay until the worker reports them sent (a P/D
+        # prefill side; vLLM keeps them in ``requests``).
+        self.sending: dict[str, Request] = {}
         self.sched_step_seq = self.processed_step_seq = 0
         self.deferred_frees: deque[tuple[int, list]] = deque()
         # Running requests' table lengths before this step's allocation (a connector sees
@@ -270,7 +274,7 @@ class Scheduler:
     def has_requests(self) -> bool:
         """Whether the engine must keep stepping: unfinished requests, finished ones the
         connector has not been told of, or transfers in flight."""
-        return bool(self.num_unfinished or self.finished_since
+        return bool(self.num_unfinished or self.finished_since or self.sending
                     or (self.connector is not None and self.connector.has_pending_work()))
 
     # -- schedule ------------------------------------------------------------------------
@@ -721,11 +725,15 @@ class Scheduler:
                 req.status = Status.FINISHED
                 if not was_running:
                     self.waiting.remove(req)
+                delay_free = False
                 if self.connector is not None:
                     self.inflight_prefills.pop(req.req_id, None)
-                    self.connector.request_finished(req)
+                    delay_free, req.kv_transfer_output = self.connector.request_finished(req)
                     self.finished_since.append(req)
-                self._free_blocks(req)
+                if delay_free:
+                    self.sending[req.req_id] = req
+                else:
+                    self._free_blocks(req)
                 finished.append(req)
             elif k and not is_async:
                 req.num_draft_tokens = k
@@ -742,7 +750,10 @@ class Scheduler:
 
     def update_connector_output(self, kv_output: ConnectorOutput) -> None:
         """vLLM's _update_from_kv_xfer_finished: the connector learns which transfers are
-        done; requests whose loads finished may be scheduled from the next step on."""
+        done; requests whose loads finished may be scheduled from the next step on; finished
+        requests whose blocks were read free them."""
         assert self.connector is not None
         self.connector.update_connector_output(kv_output)
         self.finished_recving.update(kv_output.finished_recving)
+        for req_id in kv_output.finished_sending:
+            self._free_blocks(self.sending.pop(req_id))

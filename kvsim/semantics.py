@@ -170,6 +170,9 @@ class Semantics:
     dp: DPRules
     # Native CPU offloading as kvsim reproduces it; None: not reproduced for this release.
     offload: OffloadRules | None
+    # Prefill/decode disaggregation with NixlConnector's pull scheduler as kvsim reproduces
+    # it (0.32+: nixl/{base,pull}_scheduler.py, the prefill backoff).
+    nixl_pd: bool
 
     def serve_batch_defaults(self, memory_bytes: int, device_name: str,
                              capability: tuple[int, int] | None) -> tuple[int, int]:
@@ -224,6 +227,7 @@ _V033 = Semantics(
     dp=DPRules(score="inflight", rotate_start=True, dense_ranks_publish=True, sync_interval=16,
                sync_at_first_step=True),
     offload=OffloadRules(lru_request_ranks=True, restore_from_start=True),
+    nixl_pd=True,
 )
 _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 hybrid=replace(_V033.hybrid, mamba_tail_rekey="always", junction_eagle_tail=False),
@@ -255,7 +259,7 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tie
                                    mamba_cache_modes=("all", "align", "none")),
                 dp=DPRules(score="waiting4", rotate_start=False, dense_ranks_publish=False,
                            sync_interval=32, sync_at_first_step=False),
-                offload=None)
+                offload=None, nixl_pd=False)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,

@@ -12,11 +12,13 @@ The scheduler calls a connector at the same points vLLM's does:
 - ``build_connector_meta(step)`` at the end of ``schedule()``: the transfer jobs this step
   submits to the worker;
 - ``update_connector_output(output)`` with each step's outputs: the jobs the worker finished;
-- ``request_finished(req)`` before a finished request's blocks are freed.
+- ``request_finished(req)`` before a finished request's blocks are freed: whether to keep
+  them until the worker reports the request in ``finished_sending`` (a P/D prefill side
+  whose blocks the decode side still reads), and the ``kv_transfer_params`` of its output.
 
-An offload tier (``kvsim.kv.offload``) plugs in here; a P/D transfer will too. A worker
-(``StepDelayWorker`` here; a timed one in the engine) decides when submitted jobs finish.
-Pure Python, no SimPy.
+An offload tier (``kvsim.kv.offload``) and a P/D pair (``kvsim.kv.nixl``) plug in here. A
+worker (``StepDelayWorker`` here; timed ones in the engine) decides when submitted jobs
+finish. Pure Python, no SimPy.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from kvsim.request import Request
+from kvsim.request import KVTransferParams, Request
 
 JobKind = Literal["load", "store"]
 
@@ -42,21 +44,48 @@ class TransferJob:
 
 
 @dataclass(frozen=True, slots=True)
+class RecvJob:
+    """One read of a remote prefill's blocks by the decode side (an entry of
+    ``NixlConnectorMetadata.reqs_to_recv``): ``num_blocks`` local blocks of ``req_id`` filled
+    from request ``remote_request_id`` on engine ``remote_engine`` (0 blocks: a full local
+    hit, only the notification that frees the remote blocks); ``awaiting`` when the request
+    waits for it in WAITING_FOR_REMOTE_KVS."""
+
+    req_id: str
+    remote_engine: int
+    remote_request_id: str
+    num_blocks: int
+    awaiting: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectorMeta:
-    """What one step hands the worker (vLLM's ``OffloadingConnectorMetadata``)."""
+    """What one step hands the worker: an offload tier's jobs (vLLM's
+    ``OffloadingConnectorMetadata``), a P/D side's reads and the finished requests whose
+    blocks wait to be read (``NixlConnectorMetadata.reqs_to_recv`` / ``reqs_to_send``)."""
 
     load_jobs: tuple[TransferJob, ...] = ()
     store_jobs: tuple[TransferJob, ...] = ()
     jobs_to_flush: frozenset[int] = frozenset()
+    reqs_to_recv: tuple[RecvJob, ...] = ()
+    reqs_to_send: tuple[str, ...] = ()
+
+    @property
+    def hands_over(self) -> bool:
+        """Whether it hands the worker anything."""
+        return bool(self.load_jobs or self.store_jobs or self.jobs_to_flush or self.reqs_to_recv
+                    or self.reqs_to_send)
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectorOutput:
     """What the worker reports with a step's outputs (vLLM's ``KVConnectorOutput``):
-    finished jobs, and the requests whose asynchronous loads finished."""
+    finished jobs, the requests whose asynchronous loads finished, and those whose blocks
+    the decode side has read (their blocks are freed)."""
 
     completed_jobs: tuple[int, ...] = ()
     finished_recving: frozenset[str] = frozenset()
+    finished_sending: tuple[str, ...] = ()  # in the order their blocks are freed
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +102,11 @@ class StepView:
 
 
 class KVConnector(Protocol):
-    """The scheduler side of a KV connector."""
+    """The scheduler side of a KV connector. ``is_kv_consumer``: it loads KV into the
+    engine's blocks (vLLM's ``kv_role`` kv_consumer or kv_both)."""
+
+    @property
+    def is_kv_consumer(self) -> bool: ...
 
     def on_new_request(self, req: Request) -> None: ...
 
@@ -87,7 +120,7 @@ class KVConnector(Protocol):
 
     def update_connector_output(self, output: ConnectorOutput) -> None: ...
 
-    def request_finished(self, req: Request) -> bool: ...
+    def request_finished(self, req: Request) -> tuple[bool, KVTransferParams | None]: ...
 
     def has_pending_work(self) -> bool: ...
 

@@ -38,7 +38,7 @@ from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, StepView, TransferJob
 from kvsim.kv.hashing import BlockHasher
 from kvsim.model import GiB
-from kvsim.request import Request, Status
+from kvsim.request import KVTransferParams, Request, Status
 from kvsim.semantics import VERSIONS, OffloadRules, Semantics
 
 
@@ -547,6 +547,8 @@ class _Job:
 class OffloadingConnector:
     """The scheduler side of ``OffloadingConnector`` for one full-attention group."""
 
+    is_kv_consumer = True  # kv_role kv_both: it loads into the engine's blocks
+
     def __init__(self, hasher: BlockHasher, block_size: int, offload: OffloadParams,
                  rules: OffloadRules, eagle_group: bool = False):
         self.hasher = hasher
@@ -658,15 +660,15 @@ class OffloadingConnector:
         self.job_counter += 1
         return self.job_counter - 1
 
-    def request_finished(self, req: Request) -> bool:
+    def request_finished(self, req: Request) -> tuple[bool, KVTransferParams | None]:
         st = self.reqs.get(req.req_id)
         if st is None:
-            return False
+            return False, None
         self._update_keys(st)
         for job_id in st.jobs:
             for bid in self.jobs[job_id].fence:
                 self.block_to_jobs.setdefault(bid, set()).add(job_id)
-        return False
+        return False, None
 
     def build_connector_meta(self, step: StepView) -> ConnectorMeta:
         for req_id, (ids, full) in step.new_block_ids.items():

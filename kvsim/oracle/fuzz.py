@@ -207,3 +207,31 @@ def to_driver(scenario: dict) -> dict:
             r["prompt_token_ids"] = [t for f, n in segs for t in range(f, f + n)]
         reqs.append(r)
     return {"engine": scenario["engine"], "requests": reqs}
+
+
+def random_pd_scenario(seed: int, spec: bool = False) -> dict:
+    """A seeded P/D pair (``oracle/pd_driver.py``'s input): ``random_scenario``'s engine and
+    requests, the engine on both sides with the decode side's pool drawn again (from a
+    stream of its own: a pool that cannot hold every request at once makes the decode side
+    preempt while the prefill side holds blocks for it), reads of 0-3 schedule() calls and
+    sometimes a ``kv_recompute_threshold``."""
+    base = random_scenario(seed, spec=spec)
+    rng = random.Random(f"pd-{seed}")
+    engine = base["engine"]
+    decode = dict(engine)
+    blocks = engine["num_gpu_blocks"]
+    min_blocks = cdiv(engine["max_model_len"], engine["block_size"]) + 1
+    decode["num_gpu_blocks"] = max(min_blocks, rng.choice([blocks, blocks // 2, 2 * blocks,
+                                                           min_blocks]))
+    sc: dict[str, Any] = {"seed": seed, "prefill": engine, "decode": decode,
+                          "transfer_delay": rng.choice([0, 0, 1, 3]),
+                          "requests": base["requests"]}
+    if rng.random() < 0.3:
+        sc["kv_recompute_threshold"] = rng.choice([0, 8, 64])
+    return sc
+
+
+def pd_to_driver(scenario: dict) -> dict:
+    """A P/D scenario with its prompts expanded (``to_driver``)."""
+    reqs = to_driver({"engine": {}, "requests": scenario["requests"]})["requests"]
+    return {**{k: v for k, v in scenario.items() if k != "seed"}, "requests": reqs}

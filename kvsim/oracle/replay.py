@@ -18,8 +18,9 @@ from kvsim.assemble import assemble_scheduler
 from kvsim.config import check_groups_for_release, check_retention_interval
 from kvsim.kv.connector import StepDelayWorker
 from kvsim.kv.hybrid import GroupSpec
+from kvsim.kv.nixl import PDParams, StepDelayPDWorker
 from kvsim.kv.offload import OffloadParams
-from kvsim.request import ExplicitTokens, Request, RequestSpec, SegmentTokens
+from kvsim.request import ExplicitTokens, KVTransferParams, Request, RequestSpec, SegmentTokens
 from kvsim.sched import PrefixCacheStats, Scheduler, SchedulerParams
 from kvsim.schema import vllm_retention
 from kvsim.semantics import semantics_for
@@ -72,10 +73,27 @@ def build(engine: dict, version: str) -> Scheduler:
         offload_prompt_only=bool(off.get("offload_prompt_only", True)),
         store_threshold=int(off.get("store_threshold", 0)),
         eviction_policy=off.get("eviction_policy", "lru"))
+    kt = e.get("kv_transfer")
+    pd = None if kt is None else PDParams(
+        kv_role=kt["kv_role"], engine=0 if kt["kv_role"] == "kv_producer" else 1,
+        kv_recompute_threshold=int(kt.get("kv_recompute_threshold", 64)))
     return assemble_scheduler(sem, params, spec, num_gpu_blocks=e["num_gpu_blocks"],
                               block_size=e["block_size"], enable_caching=e["enable_prefix_caching"],
                               kv_groups=groups,
-                              retention_interval=vllm_retention(retention), offload=offload)
+                              retention_interval=vllm_retention(retention), offload=offload,
+                              kv_transfer=pd)
+
+
+def _make_request(s: dict, seq: int, max_tokens: int | None = None) -> Request:
+    accepted = tuple(s["accepted"]) if s.get("accepted") else None
+    r = Request(RequestSpec(req_id=str(s["req_id"]), arrival_s=float(s.get("arrival_time", 0.0)),
+                            prompt=prompt_of(s),
+                            max_tokens=int(s["max_tokens"]) if max_tokens is None else max_tokens,
+                            priority=int(s.get("priority", 0)), accepted=accepted), seq)
+    r.output_token_id = int(s.get("output_token_id", -1))
+    if r.output_token_id >= 0:  # (kvsim's block hashes tell outputs from prompts by sign)
+        raise ValueError(f"request {s['req_id']}: output_token_id must be negative")
+    return r
 
 
 def _accept(req: Request, num_drafts: int) -> int:
@@ -100,14 +118,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
     specs = scenario["requests"]
     reqs = []
     for i, s in enumerate(specs):
-        accepted = tuple(s["accepted"]) if s.get("accepted") else None
-        r = Request(RequestSpec(req_id=str(s["req_id"]), arrival_s=float(s.get("arrival_time", 0.0)),
-                                prompt=prompt_of(s), max_tokens=int(s["max_tokens"]),
-                                priority=int(s.get("priority", 0)), accepted=accepted), i)
-        r.output_token_id = int(s.get("output_token_id", -1))
-        if r.output_token_id >= 0:  # (kvsim's block hashes tell outputs from prompts by sign)
-            raise ValueError(f"request {s['req_id']}: output_token_id must be negative")
-        reqs.append(r)
+        reqs.append(_make_request(s, i))
     join = [int(s.get("join_step", 0)) for s in specs]
     pending = list(range(len(reqs)))
     steps, step, done, stalled = [], 0, 0, None
@@ -251,4 +262,141 @@ def compare(kvsim: dict, vllm: dict, limit: int = 10) -> list[str]:
     for key in EXTERNAL_TOTALS:
         if key in vllm.get("totals", {}) and kvsim.get("totals", {}).get(key) != vllm["totals"][key]:
             out.append(f"totals {key}: kvsim {kvsim.get('totals', {}).get(key)} vllm {vllm['totals'][key]}")
+    return out[:limit]
+
+
+class _PDSide:
+    """One engine of a P/D pair as ``oracle/pd_driver.py`` steps it."""
+
+    def __init__(self, engine: dict, role: str, threshold, version: str):
+        transfer = {"kv_role": role}
+        if threshold is not None:
+            transfer["kv_recompute_threshold"] = threshold
+        self.sched = build({**engine, "kv_transfer": transfer}, version)
+        self.reqs: list[Request] = []
+        self.join_tick: dict[str, int] = {}
+        self.steps: list[dict] = []
+        self.step = 0
+        self.calls = 0
+        self.planned: dict[str, int] = {}
+        self.prefix = PrefixCacheStats()
+        self.external = PrefixCacheStats()
+        self.active = False
+
+    def add(self, req: Request, tick: int) -> None:
+        self.reqs.append(req)
+        self.join_tick[req.req_id] = tick
+        self.sched.add_request(req)
+
+    def call(self, tick: int, worker_step, check_invariants: bool) -> list[Request]:
+        """One EngineCore step; returns the requests it finished."""
+        sched = self.sched
+        plan = sched.schedule()
+        self.calls += 1
+        kv_out = worker_step(plan.connector_meta, self.calls)
+        meta = plan.connector_meta
+        self.active = bool(plan.scheduled or plan.preempted or kv_out is not None
+                           or (meta is not None and (meta.reqs_to_recv or meta.reqs_to_send)))
+        self.prefix.add(plan.prefix_cache)
+        self.external.add(plan.external_prefix_cache)
+        rec = None
+        if plan.scheduled:
+            rec = _record(sched, plan, self.step, self.planned)
+            rec["tick"] = tick
+            self.steps.append(rec)
+            self.step += 1
+        first, finished = sched.update_from_output(plan, _accept, kv_out)
+        if rec is not None:
+            for r in first:
+                r.first_token_step = rec["step"]
+            for r in finished:
+                r.finish_step = rec["step"]
+            rec["num_free_blocks"] = sched.kv.pool.num_free_blocks
+        if check_invariants:
+            sched.check_invariants()
+        return finished
+
+    def result(self) -> dict:
+        p = self.prefix
+        return {
+            # (the driver reads a hit from the outputs: none before the first token)
+            "requests": {r.req_id: {
+                "cached_tokens": r.cached_tokens if r.first_token_step is not None else None,
+                "num_preemptions": r.num_preemptions,
+                "first_scheduled_step": r.first_scheduled_step,
+                "first_token_step": r.first_token_step, "finish_step": r.finish_step,
+                "num_output_tokens": r.num_output_tokens, "join_tick": self.join_tick[r.req_id],
+                "external_cached_tokens": (r.external_cached_tokens
+                                           if r.first_token_step is not None else None)}
+                for r in self.reqs},
+            "steps": self.steps,
+            "free_queue_end": list(self.sched.kv.pool.free_queue),
+            "totals": {"prefix_cache_queries": p.queries, "prefix_cache_hits": p.hits,
+                       "prefix_cache_requests": p.requests, "preempted_queries": p.preempted_queries,
+                       "preempted_hits": p.preempted_hits,
+                       "preempted_requests": p.preempted_requests,
+                       **self.external.external_counters()},
+        }
+
+
+def drive_pd(scenario: dict, version: str = "0.33.0", check_invariants: bool = True,
+             max_ticks: int = 200_000) -> dict:
+    """Run a P/D scenario (``oracle/pd_driver.py``'s input) through two kvsim engines in the
+    driver's ticks; the result follows the driver's schema."""
+    threshold = scenario.get("kv_recompute_threshold")
+    p = _PDSide(scenario.get("prefill", {}), "kv_producer", threshold, version)
+    d = _PDSide(scenario.get("decode", {}), "kv_consumer", threshold, version)
+    worker = StepDelayPDWorker(int(scenario.get("transfer_delay", 0)))
+    specs = scenario["requests"]
+    order = {str(s["req_id"]): i for i, s in enumerate(specs)}
+    pending = list(specs)
+    handover: list[Request] = []
+    tick = done = 0
+    stall = None
+    while True:
+        for s in [s for s in pending if int(s.get("join_step", 0)) <= tick]:
+            r = _make_request(s, order[str(s["req_id"])], max_tokens=1)  # as the proxy sends it
+            r.kv_transfer_params = KVTransferParams(do_remote_decode=True)
+            p.add(r, tick)
+        pending = [s for s in pending if int(s.get("join_step", 0)) > tick]
+        for pr in handover:
+            s = specs[order[pr.req_id]]
+            r = _make_request(s, order[pr.req_id])
+            r.kv_transfer_params = pr.kv_transfer_output
+            d.add(r, tick)
+        handover = []
+        if done == len(specs) and not p.sched.has_requests and not d.sched.has_requests:
+            break
+        if tick >= max_ticks:
+            break
+        p.active = d.active = False
+        if p.sched.has_requests:
+            handover = p.call(tick, lambda meta, call: worker.prefill_step(meta), check_invariants)
+        if d.sched.has_requests:
+            done += len(d.call(tick, worker.decode_step, check_invariants))
+        if done < len(specs) and not (pending or handover or p.active or d.active or worker.reads):
+            stall = tick  # nothing ran, moved or is in flight: the pair deadlocks
+            break
+        tick += 1
+    return {"prefill": p.result(), "decode": d.result(), "num_ticks": tick, "stall": stall}
+
+
+def compare_pd(kvsim: dict, vllm: dict, limit: int = 10) -> list[str]:
+    """Mismatches between two P/D results (each side as ``compare``, with the ticks)."""
+    out: list[str] = []
+    if kvsim.get("stall") != vllm.get("stall"):
+        out.append(f"stall: kvsim {kvsim.get('stall')} vllm {vllm.get('stall')}")
+    if kvsim["num_ticks"] != vllm["num_ticks"]:
+        out.append(f"num_ticks: kvsim {kvsim['num_ticks']} vllm {vllm['num_ticks']}")
+    for side in ("prefill", "decode"):
+        k, v = kvsim[side], vllm[side]
+        out += [f"{side}: {m}" for m in compare(k, v, limit)]
+        for rid, want in v["requests"].items():
+            if k["requests"].get(rid, {}).get("join_tick") != want["join_tick"]:
+                out.append(f"{side}: request {rid} join_tick: kvsim "
+                           f"{k['requests'].get(rid, {}).get('join_tick')} vllm {want['join_tick']}")
+        out += [f"{side}: step {vs['step']} tick: kvsim {ks['tick']} vllm {vs['tick']}"
+                for ks, vs in zip(k["steps"], v["steps"]) if ks["tick"] != vs["tick"]]
+        out += [f"{side}: totals {key}: kvsim {k['totals'].get(key)} vllm {val}"
+                for key, val in v["totals"].items() if k["totals"].get(key) != val]
     return out[:limit]

@@ -237,6 +237,7 @@ ENGINE_OPTIONAL = (
     "mamba_cache_mode",
     "async_scheduling",
     "prefix_cache_retention_interval",
+    "kv_transfer",
 )
 # kvsim.specdec's methods but "none" (this driver runs in vLLM's environment, without kvsim;
 # tests/test_specdec.py checks the two lists agree).
@@ -364,6 +365,15 @@ def _check_offloading(d) -> dict:
     if out.get("eviction_policy", "lru") not in ("lru", "arc"):
         raise ValueError("kv_offloading.eviction_policy must be 'lru' or 'arc'")
     return out
+
+
+def _check_kv_transfer(d) -> dict:
+    d = _known_object(d, "engine.kv_transfer", {"kv_role", "engine_id", "kv_recompute_threshold"})
+    if d.get("kv_role") not in ("kv_producer", "kv_consumer"):
+        raise ValueError("engine.kv_transfer.kv_role must be kv_producer or kv_consumer")
+    if not isinstance(d.get("engine_id"), str):
+        raise ValueError("engine.kv_transfer.engine_id must be a string")
+    return d
 
 
 def _offload_extra_config(offload: dict) -> dict:
@@ -602,6 +612,11 @@ def build_scheduler(engine: dict):
     offload = engine.get("kv_offloading")
     if offload is not None:
         offload = _check_offloading(offload)
+    transfer = engine.get("kv_transfer")
+    if transfer is not None:
+        transfer = _check_kv_transfer(transfer)
+        if offload is not None:
+            raise ValueError("engine: kv_transfer and kv_offloading together are not driven")
     async_sched = bool(engine.get("async_scheduling", False))
     num_blocks = int(e["num_gpu_blocks"])
     max_model_len = int(e["max_model_len"])
@@ -685,6 +700,16 @@ def build_scheduler(engine: dict):
         # VllmConfig's post-init adds the connector, kv_role and cpu_bytes_to_use.
         vc_kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector_extra_config=_offload_extra_config(offload)
+        )
+    if transfer is not None:
+        from vllm.config import KVTransferConfig
+
+        # --kv-transfer-config '{"kv_connector": "NixlConnector", "kv_role": ...}', as a
+        # P/D deployment passes it (the extra config only where the scenario sets it).
+        extra = {k: transfer[k] for k in ("kv_recompute_threshold",) if k in transfer}
+        vc_kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="NixlConnector", kv_role=transfer["kv_role"],
+            engine_id=transfer["engine_id"], kv_connector_extra_config=extra
         )
     if spec_in is not None:
         from vllm.config import ParallelConfig
