@@ -14,20 +14,21 @@ from pathlib import Path
 
 from kvsim.config import model_preset
 from kvsim.cost.base import CostInputs, Drafter
+from kvsim.kv.connector import KVConnector
 from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
 from kvsim.kv.manager import KVCacheManager, KVManager
-from kvsim.kv.connector import KVConnector
 from kvsim.kv.nixl import NixlConnector, PDParams, check_pd, prefill_backoff
 from kvsim.kv.offload import OffloadingConnector, OffloadParams, check_offload
 from kvsim.kv.pool import BlockPool
 from kvsim.sched import Scheduler, SchedulerParams
-from kvsim.schema import Scenario
+from kvsim.schema import PD_ONLY_EXTRA, Scenario
 from kvsim.semantics import Semantics
 from kvsim.specdec import Acceptance, Drafting, SpecSetup, derive_spec
 
 
-def build_scheduler(sc: Scenario) -> Scheduler:
-    """A fresh scheduler with its own pool and manager for the scenario's engine."""
+def build_scheduler(sc: Scenario, engine_index: int = 0) -> Scheduler:
+    """A fresh scheduler with its own pool and manager for the scenario's engine (engine
+    ``engine_index`` of a cluster: a P/D instance's id)."""
     e = sc.engine
     params = SchedulerParams(
         max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
@@ -41,7 +42,11 @@ def build_scheduler(sc: Scenario) -> Scheduler:
                               num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size,
                               enable_caching=e.enable_prefix_caching,
                               kv_groups=list(e.kv_groups or ()),
-                              retention_interval=e.retention_interval, offload=e.offload)
+                              retention_interval=e.retention_interval, offload=e.offload,
+                              kv_transfer=None if e.kv_role == "kv_both" else PDParams(
+                                  e.kv_role, engine_index,
+                                  **{k: v for k, v in (e.kv_connector_extra_config or {}).items()
+                                     if k in PD_ONLY_EXTRA}))
 
 
 def spec_setup(sc: Scenario) -> SpecSetup:
@@ -49,7 +54,8 @@ def spec_setup(sc: Scenario) -> SpecSetup:
     ``build_scheduler`` derives them)."""
     e = sc.engine
     return derive_spec(sc.speculative.drafting(sc.model.num_nextn_predict_layers), e.semantics,
-                       e.enable_prefix_caching, e.block_size, kv_transfer=e.offload is not None)
+                       e.enable_prefix_caching, e.block_size,
+                       kv_transfer=e.offload is not None or e.kv_role != "kv_both")
 
 
 def acceptance_for(sc: Scenario, record: bool = False) -> Acceptance:

@@ -43,11 +43,15 @@ prefix). A scenario without ``[cluster]`` but with data parallel runs here as on
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+
+import simpy
 
 from kvsim import dp
 from kvsim.assemble import cost_inputs
 from kvsim.cost.comm import ExpertExchange
 from kvsim.engine import Records, build_scheduler, simulate
+from kvsim.pd import PDNetwork, PDRouter, PDTransfers, Waker, pd_pools
 from kvsim.request import Request, Status
 from kvsim.sched import Scheduler
 from kvsim.schema import ClusterCfg, Scenario
@@ -69,10 +73,19 @@ class Replica:
 
     def receive(self, req: Request) -> None:
         """The router sends ``req`` here."""
+        self.reserve(req)
+        self.deliver(req)
+
+    def reserve(self, req: Request) -> None:
+        """The router has chosen this replica for ``req`` (outstanding here from now on; a
+        P/D decode instance gets it once its prefill instance is done)."""
         req.replica, req.dp_rank = self.index, self.dp_rank
         self.requests.append(req)
-        self.inbox.append(req)
         self._outstanding.append(req)
+
+    def deliver(self, req: Request) -> None:
+        """``req`` reaches the engine (its loop admits it at its next scheduling call)."""
+        self.inbox.append(req)
 
     def outstanding(self) -> list[Request]:
         live = self._outstanding = [r for r in self._outstanding if r.status is not Status.FINISHED]
@@ -134,7 +147,7 @@ class Router:
         self._next = 0
         self._count = 0  # round_robin
         self._rng = random.Random(seed)  # random
-        self._sessions: dict[str, int] = {}  # session_affinity: session id -> replica
+        self._sessions: dict[str, Replica | DPGroup] = {}  # session_affinity
         self.choose = getattr(self, "_" + cfg.router)
 
     def next_arrival_s(self) -> float | None:
@@ -146,28 +159,28 @@ class Router:
         while self._next < len(reqs) and reqs[self._next].arrival_s <= now:
             req = reqs[self._next]
             self._next += 1
-            self.replicas[self.choose(req)].receive(req)
+            self.choose(req).receive(req)
 
-    # -- policies: each returns a replica index -----------------------------------------
+    # -- policies: each returns a replica ------------------------------------------------
 
-    def _round_robin(self, req: Request) -> int:
+    def _round_robin(self, req: Request) -> Replica | DPGroup:
         i = self._count % len(self.replicas)
         self._count += 1
-        return i
+        return self.replicas[i]
 
-    def _random(self, req: Request) -> int:
-        return self._rng.randrange(len(self.replicas))
+    def _random(self, req: Request) -> Replica | DPGroup:
+        return self.replicas[self._rng.randrange(len(self.replicas))]
 
     def _load(self, rep: Replica | DPGroup) -> tuple:
         if self.cfg.load_metric == "kv_usage":
             return rep.kv_usage(), rep.num_requests()
         return (rep.num_requests(),)
 
-    def _least_loaded(self, req: Request) -> int:
+    def _least_loaded(self, req: Request) -> Replica | DPGroup:
         """The lowest load (``load_metric``; KV usage ties go by requests), then lowest index."""
-        return min(self.replicas, key=lambda rep: (self._load(rep), rep.index)).index
+        return min(self.replicas, key=lambda rep: (self._load(rep), rep.index))
 
-    def _prefix_aware(self, req: Request) -> int:
+    def _prefix_aware(self, req: Request) -> Replica | DPGroup:
         """Highest ``(1 - w) * cached - w * pending`` (``w = load_weight``; cached: the prefix
         this replica's cache would give the request now; pending: tokens still to compute for
         its outstanding requests), then fewer pending tokens, fewer requests, lowest index."""
@@ -177,26 +190,27 @@ class Router:
             pending = rep.pending_tokens()
             cached = rep.cached_tokens(req)
             return (-((1 - w) * cached - w * pending), pending, rep.num_requests(), rep.index)
-        return min(self.replicas, key=key).index
+        return min(self.replicas, key=key)
 
-    def _session_affinity(self, req: Request) -> int:
+    def _session_affinity(self, req: Request) -> Replica | DPGroup:
         """A session's first request goes where least_loaded would send it, its later ones to
         the same replica; a request without a session id goes by least_loaded."""
         sid = req.session_id
         if sid is None:
             return self._least_loaded(req)
-        i = self._sessions.get(sid)
-        if i is None:
-            i = self._sessions[sid] = self._least_loaded(req)
-        return i
+        rep = self._sessions.get(sid)
+        if rep is None:
+            rep = self._sessions[sid] = self._least_loaded(req)
+        return rep
 
 
 class RoutedArrivals:
-    """A replica's arrival source (``engine.Arrivals``' interface): what the router gave it."""
+    """A replica's arrival source (``engine.Arrivals``' interface): what the router gave it
+    (a P/D cluster's router: ``kvsim.pd.PDRouter``)."""
 
     __slots__ = ("router", "replica")
 
-    def __init__(self, router: Router, replica: Replica):
+    def __init__(self, router: Router | PDRouter, replica: Replica):
         self.router = router
         self.replica = replica
 
@@ -212,6 +226,16 @@ class RoutedArrivals:
         """The next arrival anywhere: it may come here, so an idle replica wakes for it."""
         return self.router.next_arrival_s()
 
+    def until_next(self, env) -> simpy.Event | None:
+        if isinstance(self.router, PDRouter):  # or a request its prefill instance hands over
+            return self.router.until_next(env, self.replica)
+        t = self.router.next_arrival_s()
+        return None if t is None else env.timeout(t - env.now)
+
+    def finished(self, reqs: list[Request], now: float) -> None:
+        if isinstance(self.router, PDRouter):
+            self.router.finished(self.replica, reqs, now)
+
 
 def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None,
                 check_invariants: bool = False, progress=None) -> Records:
@@ -223,7 +247,7 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
     replicas: list[Replica | DPGroup] = []  # what the router routes to
     for i, s in enumerate(scenarios):
         n = s.engine.data_parallel_size
-        ranks = [Replica(i, build_scheduler(s), r if n > 1 else None) for r in range(n)]
+        ranks = [Replica(i, build_scheduler(s, i), r if n > 1 else None) for r in range(n)]
         engines += ranks
         replicas.append(ranks[0] if n == 1 else DPGroup(i, ranks))
     # One hash id space for the engines that cache (one with caching off never hashes, and
@@ -234,8 +258,25 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
     # Data parallel alone: one replica, nothing for the router to choose.
     cfg = sc.cluster or ClusterCfg(replicas=1, router="round_robin", load_metric="requests",
                                    load_weight=0.5, deployment=None, engines=(sc.engine,))
-    router = Router(cfg, replicas, requests, sc.run.seed)
     recs = [Records(requests=rep.requests, replica=rep.index, dp_rank=rep.dp_rank) for rep in engines]
+    router: Router | PDRouter
+    transfers = None
+    if cfg.disaggregated:
+        prefill, decode = pd_pools(cfg)
+        router = pd_router = PDRouter(
+            Router(cfg, [replicas[i] for i in decode], [], sc.run.seed),
+            Router(replace(cfg, router=cfg.prefill_router), [replicas[i] for i in prefill], [],
+                   sc.run.seed + 1), cfg.non_cached_tokens, requests)
+
+        def transfers(env):
+            net = pd_router.net = PDNetwork([Waker(env) for _ in engines],
+                                            [{} for _ in engines])
+            return [PDTransfers(i, net, rec, s.engine.kv_block_bytes,
+                                cfg.kv_transfer_bandwidth_bytes_per_s, cfg.kv_transfer_latency_s,
+                                s.engine.kv_role == "kv_consumer")
+                    for i, (rec, s) in enumerate(zip(recs, scenarios))]
+    else:
+        router = Router(cfg, replicas, requests, sc.run.seed)
     if progress is not None:
         progress = _ClusterProgress(progress, requests)
 
@@ -246,7 +287,7 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
                 _start_group(env, group, scenarios[group.index], engines, costs, out)
         return out
     simulate([(scenarios[e.index], e.sched, RoutedArrivals(router, e), rec) for e, rec in zip(engines, recs)],
-             accept, check_invariants, progress, links=links)
+             accept, check_invariants, progress, links=links, transfers=transfers)
     return Records(
         requests=requests, steps=[s for r in recs for s in r.steps],
         end_s=max(r.end_s for r in recs),

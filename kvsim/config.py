@@ -22,6 +22,7 @@ from typing import Any
 from kvsim import hf, presets, traces
 from kvsim.errors import ConfigError
 from kvsim.kv.hybrid import GroupSpec
+from kvsim.kv.nixl import check_pd
 from kvsim.kv.offload import OffloadParams, check_offload, num_cpu_chunks
 from kvsim.layout import KVLayout, derive_layout, estimate_kv_cache_bytes, mamba_cache_mode
 from kvsim.model import GiB, ModelCfg, attention_page_bytes_per_token
@@ -29,10 +30,14 @@ from kvsim.schema import (
     DEPLOYMENT_REPLICAS,
     ENGINE_KEYS,
     GROUP_KEYS,
+    KV_TRANSFER_LINKS,
     MAX_GPU_BLOCKS,
     MAX_REPLICAS,
     MODEL_KEYS,
     OFFLOAD_EXTRA_KEYS,
+    OFFLOAD_ONLY_EXTRA,
+    PD_CLUSTER_KEYS,
+    PD_ONLY_EXTRA,
     REQUIRED,
     RETENTION,
     SCHEMA,
@@ -433,6 +438,7 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                           "block); vLLM refuses to start: lower max_model_len or enlarge the pool")
     e["num_gpu_blocks_derived"] = derived
     e["kv_block_bytes"] = block_bytes
+    _check_kv_role(e, where, sem)
     e["offload"] = _offload(e, where, file, sem, method, hw, block_bytes)
     check_groups_for_release(f"{where}.kv_groups", groups, sem)
     e["prefix_cache_retention_interval"] = check_retention_interval(
@@ -441,13 +447,33 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     return _build(EngineCfg, e)
 
 
+def _check_kv_role(e: dict, where: str, sem: Semantics) -> None:
+    """A P/D role (NixlConnector) as kvsim reproduces it, and the extra config each connector
+    takes."""
+    pd = e["kv_role"] != "kv_both"
+    extra = e["kv_connector_extra_config"] or {}
+    for key in extra:
+        if key in PD_ONLY_EXTRA and not pd:
+            raise ConfigError(f"{where}.kv_connector_extra_config.{key}", "configures "
+                              "NixlConnector: only with kv_role kv_producer or kv_consumer")
+        if key in OFFLOAD_ONLY_EXTRA and not e["kv_offloading_size"]:
+            raise ConfigError(f"{where}.kv_connector_extra_config.{key}", "configures the "
+                              "offloading connector: only with kv_offloading_size")
+    if not pd:
+        return
+    if e["kv_offloading_size"]:
+        raise ConfigError(f"{where}.kv_role", "P/D together with a CPU offload tier (vLLM's "
+                          "MultiConnector) is not modelled yet")
+    if e["data_parallel_size"] > 1:
+        raise ConfigError(f"{where}.kv_role", "P/D instances with data_parallel_size > 1 are "
+                          "not modelled yet")
+    check_pd(f"{where}.kv_role", sem, e["kv_groups"] is not None)
+
+
 def _offload(e: dict, where: str, file: str, sem: Semantics, method: str, hw: HardwareCfg,
              block_bytes: int) -> OffloadParams | None:
     """The CPU offload tier ``--kv-offloading-size`` and the connector's extra config make."""
     extra = e["kv_connector_extra_config"]
-    if e["kv_offloading_size"] is None and extra is not None:
-        raise ConfigError(f"{where}.kv_connector_extra_config", "configures the offloading "
-                          "connector: only with kv_offloading_size")
     if not e["kv_offloading_size"]:  # left out, or 0: no tier
         return None
     if e["kv_offloading_backend"] != "native":
@@ -709,6 +735,9 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
     engine = _engine(raw, file, model, hardware)
     if "cluster" not in raw:
         _check_cluster_size(f"{file}: engine.data_parallel_size", [engine])
+        if engine.kv_role != "kv_both":
+            raise ConfigError(f"{file}: engine.kv_role", "a P/D role needs a [cluster] of "
+                              "prefill and decode instances ([[cluster.deployment]] tables)")
     speculative = _speculative(raw, file, engine, model)
     workload = _workload(raw, file, path.parent if path else None)
     if (workload.acceptance_rate_mean is not None and speculative.enabled
@@ -735,7 +764,7 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
     deployments = c["deployment"]
     if deployments is None:
         _check_cluster_size(f"{file}: cluster.replicas", [engine] * c["replicas"])
-        return _build(ClusterCfg, {**c, "engines": (engine,) * c["replicas"]})
+        return _pd(raw, file, c, (engine,) * c["replicas"])
     total = sum(n for n, _ in deployments)
     if total > MAX_REPLICAS:
         raise ConfigError(f"{file}: cluster.deployment", f"{total:,} replicas in all, more than "
@@ -758,7 +787,34 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
             raise ConfigError(f"{file}: {where}", exc.what) from None
         engines += [e] * n
     _check_cluster_size(f"{file}: cluster.deployment", engines)
-    return _build(ClusterCfg, {**c, "replicas": len(engines), "engines": tuple(engines)})
+    return _pd(raw, file, {**c, "replicas": len(engines)}, tuple(engines))
+
+
+def _pd(raw: dict, file: str, c: dict, engines: tuple[EngineCfg, ...]) -> ClusterCfg:
+    """The cluster with its P/D settings resolved: prefill and decode instances both, or
+    neither; the P/D keys only with them; the link's bandwidth and latency from its preset."""
+    where = f"{file}: cluster"
+    roles = {e.kv_role for e in engines}
+    if roles != {"kv_both"}:
+        if "kv_both" in roles:
+            raise ConfigError(f"{where}.deployment", "a P/D cluster's instances are kv_producer "
+                              "or kv_consumer: aggregated (kv_both) replicas beside them are not "
+                              "modelled")
+        if roles != {"kv_producer", "kv_consumer"}:
+            missing = ({"kv_producer", "kv_consumer"} - roles).pop()
+            raise ConfigError(f"{where}.deployment", f"P/D needs both prefill (kv_producer) and "
+                              f"decode (kv_consumer) instances; no deployment is {missing}")
+    else:
+        given = [k for k in PD_CLUSTER_KEYS if k in raw["cluster"]]
+        if given:
+            raise ConfigError(f"{where}.{given[0]}", "a P/D setting: only with kv_producer and "
+                              "kv_consumer deployments (engine.kv_role)")
+    bandwidth, latency, _ = KV_TRANSFER_LINKS[c["kv_transfer_link"]]
+    return _build(ClusterCfg, {
+        **c, "engines": engines, "prefill_router": c["prefill_router"] or c["router"],
+        "kv_transfer_bandwidth_bytes_per_s": c["kv_transfer_bandwidth_bytes_per_s"] or bandwidth,
+        "kv_transfer_latency_s": (latency if c["kv_transfer_latency_s"] is None
+                                  else c["kv_transfer_latency_s"])})
 
 
 def _check_cluster_size(where: str, engines: list[EngineCfg]) -> None:

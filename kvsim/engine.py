@@ -82,17 +82,27 @@ class Records:
     # A KV offload tier's counters under vLLM's names (external_prefix_cache_*,
     # kv_offload_{load,store}_{bytes,time}); None without one.
     kv_offload: dict[str, float] | None = None
+    # A P/D instance's NIXL counters (kvsim.pd.PDTransfers.report); None otherwise.
+    kv_transfer: dict | None = None
 
 
 class ArrivalSource(Protocol):
     """Where an engine loop takes its requests from: ``Arrivals`` for a plain run, a
-    cluster's ``RoutedArrivals`` for a replica."""
+    cluster's ``RoutedArrivals`` for a replica.
+
+    ``until_next(env)`` is what an idle engine waits on for its next request (None: none can
+    come); ``finished(reqs, now)`` tells the source which requests a step finished (a P/D
+    prefill instance's go on to their decode instance)."""
 
     def advance(self, now: float) -> None: ...
 
     def arrived(self, now: float) -> list[Request]: ...
 
     def next_arrival_s(self) -> float | None: ...
+
+    def until_next(self, env: simpy.Environment) -> simpy.Event | None: ...
+
+    def finished(self, reqs: list[Request], now: float) -> None: ...
 
 
 class Arrivals:
@@ -137,6 +147,13 @@ class Arrivals:
         """When the next request can arrive; None when none will."""
         return None if self._head is None else self._head.arrival_s
 
+    def until_next(self, env: simpy.Environment) -> simpy.Event | None:
+        t = self.next_arrival_s()
+        return None if t is None else env.timeout(t - env.now)
+
+    def finished(self, reqs: list[Request], now: float) -> None:
+        pass
+
     def rest(self) -> list[Request]:
         """Every request that has not arrived (made now)."""
         out = []
@@ -175,11 +192,17 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
 
 def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records]],
              accept: Acceptance | None,
-             check_invariants: bool = False, progress=None, results=None, links=None) -> None:
+             check_invariants: bool = False, progress=None, results=None, links=None,
+             transfers=None) -> None:
     """Run one engine loop per ``(scenario, scheduler, arrivals, records)`` on one clock until
     none has anything left to do; each fills its records (a lone engine: or ``results``).
     ``links(env, costs)``, if given, makes the engines data-parallel ranks: it returns each
     engine's ``kvsim.dp.RankLink`` (or None) and starts the DP coordinators' processes.
+    ``transfers(env)``, if given, returns each engine's connector transfers in time (a P/D
+    cluster's, ``kvsim.pd``); an engine whose entry is None, or every engine without it,
+    times its connector itself (an offload tier: ``Transfers``). An engine left waiting on
+    another that can no longer run (a P/D prefill instance holding blocks for a decode
+    instance that deadlocked) ends as stopped by "stall" when the clock runs out of events.
 
     A lone engine fed by ``Arrivals`` keeps its steadily decoding requests lazily
     (``kvsim.fastforward``) and trims its interned block hashes; replicas behind a router
@@ -190,34 +213,44 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
     alone = len(engines) == 1 and type(engines[0][2]) is Arrivals
     costs = [COST_MODELS[sc.cost.model](cost_inputs(sc)) for sc, _, _, _ in engines]
     rank_links = links(env, costs) if links is not None else [None] * len(engines)
-    for (sc, sched, arrivals, rec), cost, link in zip(engines, costs, rank_links):
+    timed = transfers(env) if transfers is not None else [None] * len(engines)
+    loops = []
+    for (sc, sched, arrivals, rec), cost, link, xfer in zip(engines, costs, rank_links, timed):
         rec.cost_label = cost.label
         tally = AcceptanceTally(accept) if accept is not None else None
         tallies.append(tally)
-        env.process(_engine_loop(env, sc, sched, cost, tally, rec, arrivals, check_invariants,
-                                 progress, results if alone else None, alone, link))
+        if xfer is None:
+            xfer = Transfers(sc, rec) if sched.connector is not None else NO_TRANSFERS
+        loops.append((env.process(_engine_loop(
+            env, sc, sched, cost, tally, rec, arrivals, check_invariants, progress,
+            results if alone else None, alone, link, xfer)), rec, xfer))
     env.run()
+    for proc, rec, xfer in loops:
+        if proc.is_alive:  # waiting for an event nothing will trigger
+            rec.stopped_by = rec.stopped_by or "stall"
+            xfer.report()
+            rec.end_s = env.now
     for (sc, _, _, rec), tally in zip(engines, tallies):
         if tally is not None:
             rec.accepted_per_pos = tally.accepted_per_pos(sc.speculative.num_speculative_tokens)
 
 
 def _engine_loop(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
-                 results=None, alone=False, link=None):
+                 results, alone, link, transfers):
     """One engine core's loop; ``link`` (a ``kvsim.dp.RankLink``) makes it a data-parallel
     rank: it reports its counts to the DP coordinator, and an MoE model's rank steps in
-    lockstep with the others (``link.lockstep``)."""
+    lockstep with the others (``link.lockstep``); ``transfers`` times its KV connector."""
     lockstep = link.lockstep if link is not None else None
     try:
         yield from _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
-                                 progress, results, alone, link, lockstep)
+                                 progress, results, alone, link, lockstep, transfers)
     finally:
         if link is not None:
             link.leave()
 
 
 def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants, progress,
-                  results, alone, link, lockstep):
+                  results, alone, link, lockstep, transfers):
     limits = sc.run
     add_step = rec.steps.append if results is None else results.step
 
@@ -234,7 +267,6 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     last_step_s = 0.0
     lazy = (fastforward.LazyDecode(sched, queue)
             if alone and not check_invariants and fastforward.applies(sched, accept) else None)
-    transfers = Transfers(sc, rec) if sched.connector is not None else NO_TRANSFERS
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:
         now = env.now
@@ -280,10 +312,10 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 rec.num_dummy_steps += 1
                 yield from lockstep.step(link.rank.index, *lockstep.dummy(link.rank.index))
                 continue
-            wake = arrivals.next_arrival_s()
+            wake = arrivals.until_next(env)
             if wake is None:
                 break
-            yield env.timeout(wake - now)  # idle until the next arrival
+            yield wake  # idle until the next arrival
             continue
         plan, index = queue.pop()
         begin = transfers.begin(plan, env.now)  # a flush holds the step up
@@ -316,10 +348,10 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
         elif lockstep is not None:  # nothing executed while the wave runs: a dummy batch
             rec.num_dummy_steps += 1
             yield from lockstep.step(link.rank.index, *lockstep.dummy(link.rank.index))
-        elif (wake := transfers.idle_until(arrivals)) is not None:
+        elif (wake := transfers.idle(env, arrivals)) is not None:
             # Nothing runs but transfers: the engine steps on until one finishes (or a
             # request arrives).
-            yield env.timeout(max(0.0, wake - env.now))
+            yield wake
         end = env.now
         if lazy is None:
             first, finished = sched.update_from_output(plan, accept, transfers.end(end))
@@ -332,6 +364,8 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             r.block_hashes = []  # never looked up again
             if accept is not None:
                 accept.forget(r)
+        if finished:
+            arrivals.finished(finished, end)
         num_finished += len(finished)
         if link is not None:
             link.report()  # after the step
@@ -387,14 +421,14 @@ class Transfers:
         """Submit the step's transfers; when it can start."""
         return self.worker.begin_step(plan.connector_meta, now)
 
-    def idle_until(self, arrivals) -> float | None:
-        """When a step that runs nothing ends: at the next transfer's end or arrival; None
+    def idle(self, env, arrivals) -> simpy.Event | None:
+        """What a step that runs nothing waits for: the next transfer's end or arrival; None
         when nothing is in flight (the next step submits what is waiting at once)."""
         done = self.worker.next_done_s()
         if done is None:
             return None
         arrival = arrivals.next_arrival_s()
-        return done if arrival is None else min(done, arrival)
+        return env.timeout(max(0.0, (done if arrival is None else min(done, arrival)) - env.now))
 
     def end(self, now: float) -> ConnectorOutput | None:
         return self.worker.end_step(now)
@@ -420,7 +454,7 @@ class _NoTransfers:
     def begin(self, plan, now: float) -> float:
         return now
 
-    def idle_until(self, arrivals) -> float | None:
+    def idle(self, env, arrivals) -> simpy.Event | None:
         return None
 
     def end(self, now: float) -> ConnectorOutput | None:

@@ -30,6 +30,9 @@ REQUEST_COLUMNS = ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "cac
 
 
 _COLUMN = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
+# A P/D cluster's requests also say where their prefill ran (empty: the decode instance
+# alone), its hit there, and when it finished there (seconds after arrival).
+PD_REQUEST_COLUMNS = ("prefill_replica", "prefill_cached_tokens", "prefill_done_s")
 
 
 def _fmt(v) -> str:
@@ -84,13 +87,14 @@ class Results:
     same bytes and the same summary.
     """
 
-    def __init__(self, requests_out, steps_out, replicas: bool = False, dp: bool = False):
+    def __init__(self, requests_out, steps_out, replicas: bool = False, dp: bool = False,
+                 pd: bool = False):
         # Engine columns: a cluster's or data-parallel run's replica, and with data parallel
-        # the rank.
+        # the rank; a P/D cluster's requests also their prefill (PD_REQUEST_COLUMNS).
         engine = (("replica",) if replicas else ()) + (("dp_rank",) if dp else ())
         self._req = csv.writer(requests_out, lineterminator="\n")
-        self._req.writerow(REQUEST_COLUMNS + engine)
-        self._replicas, self._dp = replicas, dp
+        self._req.writerow(REQUEST_COLUMNS + engine + (PD_REQUEST_COLUMNS if pd else ()))
+        self._replicas, self._dp, self._pd = replicas, dp, pd
         self._steps = steps_out
         steps_out.write(",".join(engine + STEP_COLUMNS) + "\n")
         self._pending: dict[int, object] = {}
@@ -137,7 +141,11 @@ class Results:
         """Write ``r``'s row now and count it."""
         row = _request_values(r)
         self._req.writerow([_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else [])
-                           + ([_fmt(r.dp_rank)] if self._dp else []))
+                           + ([_fmt(r.dp_rank)] if self._dp else [])
+                           + ([_fmt(v) for v in (
+                               r.prefill_replica, r.prefill_cached_tokens,
+                               None if r.prefill_done_s is None else r.prefill_done_s - r.arrival_s)]
+                              if self._pd else []))
         self.num_requests += 1
         ttft, tpot, e2e, queue = (row[_COLUMN[k]] for k in ("ttft_s", "tpot_s", "e2e_s", "queue_s"))
         self.last_arrival_s = max(self.last_arrival_s, r.arrival_s)
@@ -269,7 +277,7 @@ def _in_memory(rec: Records, req=None, steps=None) -> Results:
     cluster = rec.replicas is not None
     dp = cluster and any(r.dp_rank is not None for r in rec.replicas or ())
     res = Results(_Discard if req is None else req, _Discard if steps is None else steps,
-                  cluster, dp)
+                  cluster, dp, cluster and any(r.kv_transfer is not None for r in rec.replicas or ()))
     if rec.replicas is not None:
         for replica in rec.replicas:
             for s in replica.steps:
@@ -357,9 +365,62 @@ def _cluster_summary(sc: Scenario, rec: Records) -> dict:
                                   "lockstep": sc.dp_lockstep,
                                   "num_gpu_blocks_total": blocks},
                 "replicas": per}
-    return {"cluster": {"replicas": c.replicas, "router": c.router, "load_metric": c.load_metric,
-                        "load_weight": c.load_weight, "num_gpu_blocks_total": blocks},
-            "replicas": per}
+    out = {"cluster": {"replicas": c.replicas, "router": c.router, "load_metric": c.load_metric,
+                       "load_weight": c.load_weight, "num_gpu_blocks_total": blocks},
+           "replicas": per}
+    if c.disaggregated:
+        out["pd"] = _pd_summary(sc, rec, per)
+    return out
+
+
+def _pd_summary(sc: Scenario, rec: Records, per: list[dict]) -> dict:
+    """A P/D cluster: its settings, each pool (the prefill pool's requests are the proxy's
+    max_tokens = 1 requests: their TTFT is the prefill's), the requests that skipped the
+    prefill pool, the handover, and the decode side's NIXL counters under vLLM's names."""
+    c, engines = sc.cluster, rec.replicas
+    assert c is not None and engines is not None
+
+    def pool(role: str) -> dict:
+        mine = [i for i, r in enumerate(engines) if r.kv_transfer and r.kv_transfer["kv_role"] == role]
+        reps = [per[i] for i in mine]
+        recs = [engines[i] for i in mine]
+        queries = sum(s["prefix_cache_queries"] for s in reps)
+        hits = sum(s["prefix_cache_hits"] for s in reps)
+        ttft = [q.first_token_s - q.arrival_s for r in recs for q in r.requests
+                if q.first_token_s is not None]
+        return {"instances": [s["replica"] for s in reps],
+                "num_gpu_blocks_total": sum(sc.engines[s["replica"]].num_gpu_blocks for s in reps),
+                "prefix_cache_queries": queries, "prefix_cache_hits": hits,
+                "prefix_cache_hit_rate": hits / queries if queries else None,
+                "num_preemptions": sum(s["num_preemptions"] for s in reps),
+                "ttft_s": _dist(ttft),
+                "kv_usage_mean": (float(np.mean([s["kv_usage"]["mean"] for s in reps]))
+                                  if reps else 0.0)}
+
+    consumers = [r.kv_transfer for r in engines
+                 if r.kv_transfer and r.kv_transfer["kv_role"] == "kv_consumer"]
+    times = [t for x in consumers for t in x["nixl_xfer_time_seconds"]]
+    q = sum(x["external_prefix_cache_queries"] for x in consumers)
+    h = sum(x["external_prefix_cache_hits"] for x in consumers)
+    handover = [r.first_token_s - r.prefill_done_s for r in rec.requests
+                if r.prefill_done_s is not None and r.first_token_s is not None]
+    return {
+        "prefill_router": c.prefill_router, "decode_router": c.router,
+        "non_cached_tokens": c.non_cached_tokens, "kv_transfer_link": c.kv_transfer_link,
+        "kv_transfer_bandwidth_bytes_per_s": c.kv_transfer_bandwidth_bytes_per_s,
+        "kv_transfer_latency_s": c.kv_transfer_latency_s,
+        "prefill_pool": pool("kv_producer"), "decode_pool": pool("kv_consumer"),
+        "num_through_prefill": sum(r.prefill_replica is not None for r in rec.requests),
+        "num_decode_only": sum(r.prefill_replica is None for r in rec.requests),
+        # From the prefill's finish to the first token on the decode instance: the pull and
+        # the recomputed last token, and the queueing on the decode side.
+        "prefill_to_first_token_s": _dist(handover),
+        "external_prefix_cache_queries": q, "external_prefix_cache_hits": h,
+        "external_prefix_cache_hit_rate": h / q if q else None,
+        "nixl_num_transfers": len(times),
+        "nixl_bytes_transferred": sum(x["nixl_bytes_transferred"] for x in consumers),
+        "nixl_xfer_time_seconds": _dist(times),
+    }
 
 
 def result_files(sc: Scenario, rec: Records, summary: dict) -> dict[str, str]:
@@ -479,6 +540,27 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
                  f"{100 * s['kv_usage']['max']:.1f} % of {s['num_gpu_blocks'] - 1} usable blocks"
                  f"{derived if s['num_gpu_blocks_derived'] else ''}")
     if "cluster" in s or "data_parallel" in s:
+        pd = s.get("pd")
+        if pd:
+            n_p, n_d = len(pd["prefill_pool"]["instances"]), len(pd["decode_pool"]["instances"])
+            lines.append(f"P/D           {n_p} prefill + {n_d} decode instances (NixlConnector), "
+                         f"routers {pd['prefill_router']} / {pd['decode_router']}; "
+                         f"{pd['num_decode_only']} of {s['num_requests']} requests decode-only")
+            x = pd["nixl_xfer_time_seconds"]
+            lines.append(f"{'':14}pulled {pd['nixl_bytes_transferred'] / GiB:.2f} GiB in "
+                         f"{pd['nixl_num_transfers']:,} reads over {pd['kv_transfer_link']}"
+                         + (f", read p50 {1e3 * x['p50']:.2f} ms, p99 {1e3 * x['p99']:.2f} ms"
+                            if x else "")
+                         + f"; decode-side hits {pd['decode_pool']['prefix_cache_hits']:,} tokens")
+            lines.append(f"{'  pool':14}{'instances':>10}{'hit %':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
+                         f"{'KV mean %':>10}")
+            for name, p in (("prefill", pd["prefill_pool"]), ("decode", pd["decode_pool"])):
+                t, hit = p["ttft_s"], p["prefix_cache_hit_rate"]
+                lines.append(f"{'  ' + name:14}{len(p['instances']):>10}"
+                             + (f" {100 * hit:>9.1f}" if hit is not None else f"{'-':>10}")
+                             + (f" {1e3 * t['p50']:>9.2f} {1e3 * t['p99']:>9.2f}" if t
+                                else f"{'-':>10}" * 2)
+                             + f" {100 * p['kv_usage_mean']:>9.1f}")
         if "cluster" in s:
             c = s["cluster"]
             lines.append(f"cluster       {c['replicas']} replicas, router {c['router']}")

@@ -163,7 +163,7 @@ class Request:
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_scheduled_s", "first_token_s", "finish_s", "session_id", "replica", "dp_rank",
         "rank", "lz_sched", "lz_upd", "lz_in", "last_sched_seq", "kv_transfer_params",
-        "kv_transfer_output",
+        "kv_transfer_output", "prefill_replica", "prefill_cached_tokens", "prefill_done_s",
     )
 
     def __init__(self, spec: RequestSpec, seq: int):
@@ -222,6 +222,11 @@ class Request:
         # kv_transfer_params, which the proxy hands the decode side).
         self.kv_transfer_params: KVTransferParams | None = None
         self.kv_transfer_output: KVTransferParams | None = None
+        # P/D: the prefill instance the proxy sent it through, its hit there, and when its
+        # prefill finished there (None: served by its decode instance alone).
+        self.prefill_replica: int | None = None
+        self.prefill_cached_tokens: int | None = None
+        self.prefill_done_s: float | None = None
 
     @property
     def num_tokens(self) -> int:

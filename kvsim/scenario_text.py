@@ -12,6 +12,7 @@ from kvsim.schema import (
     ENGINE_KEYS,
     GROUP_KEYS,
     OFFLOAD_EXTRA_KEYS,
+    PD_CLUSTER_KEYS,
     REQUIRED,
     SCHEMA,
     SHARED_ENGINE_KEYS,
@@ -63,6 +64,10 @@ def resolved_toml(sc: Scenario) -> str:
                 continue  # a named trace is written as its resolved path
             if section == "speculative" and key.name != "method" and not sc.speculative.enabled:
                 continue
+            if ((section == "cluster" and key.name in PD_CLUSTER_KEYS and sc.cluster is not None
+                 and not sc.cluster.disaggregated)
+                    or (section == "engine" and key.name == "kv_role" and v == "kv_both")):
+                continue  # P/D settings, taken only with prefill and decode instances
             if key.type in ("groups", "deployments") or (
                     section == "cluster" and key.name == "replicas" and sc.cluster is not None
                     and sc.cluster.deployment):

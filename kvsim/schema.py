@@ -35,6 +35,8 @@ GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_le
 ArrivalProcess = Literal["poisson", "gamma", "trace"]
 CostModelName = Literal["roofline", "fitted", "interpolated"]
 RouterName = Literal["round_robin", "random", "least_loaded", "prefix_aware", "session_affinity"]
+KVRoleAll = Literal["kv_both", "kv_producer", "kv_consumer"]
+KV_ROLES_ALL: tuple[KVRoleAll, ...] = get_args(KVRoleAll)
 LoadMetric = Literal["requests", "kv_usage"]
 TRACE_FORMATS: tuple[TraceFormat, ...] = get_args(TraceFormat)
 GENERATOR_NAMES: tuple[GeneratorName, ...] = get_args(GeneratorName)
@@ -143,7 +145,15 @@ OFFLOAD_EXTRA_KEYS = (
         "are not stored)."),
     Key("store_threshold", "int", 0, "Store a chunk only once it has been offered this many "
         "times (below 2: always).", low=0, high=1 << 20),
+    Key("kv_recompute_threshold", "int", 64, "P/D (`kv_role`): NixlConnector's threshold below "
+        "which a read is skipped and the tokens recomputed. In vLLM 0.32/0.33 it gates only the "
+        "bidirectional read-back (off by default), which kvsim does not model: taken, and "
+        "without effect, as in vLLM.", low=0, high=1 << 30),
 )
+# Which of the keys above configure which connector.
+OFFLOAD_ONLY_EXTRA = ("block_size", "blocks_per_chunk", "eviction_policy", "offload_prompt_only",
+                      "store_threshold")
+PD_ONLY_EXTRA = ("kv_recompute_threshold",)
 
 ENGINE_KEYS = (
     Key("vllm_version", "str", DEFAULT_VERSION, "The vLLM release whose accounting to reproduce.",
@@ -215,9 +225,16 @@ ENGINE_KEYS = (
     Key("kv_offloading_backend", "str", "native", "`--kv-offloading-backend`: `native` (vLLM's "
         "OffloadingConnector); `lmcache` (an LMCache server) is not modelled.",
         choices=("native", "lmcache")),
-    Key("kv_connector_extra_config", "table", None, "The offload connector's "
+    Key("kv_connector_extra_config", "table", None, "The connector's "
         "`kv_connector_extra_config` (as `--kv-transfer-config` passes it): an inline table of "
-        "the keys below, e.g. `{blocks_per_chunk = 4, eviction_policy = \"lru\"}`."),
+        "the keys below, e.g. `{blocks_per_chunk = 4, eviction_policy = \"lru\"}` for the "
+        "offload tier, `{kv_recompute_threshold = 64}` for P/D."),
+    Key("kv_role", "str", "kv_both", "P/D disaggregation with vLLM's NixlConnector "
+        "(`--kv-transfer-config '{\"kv_connector\": \"NixlConnector\", \"kv_role\": ...}'`, "
+        "vLLM 0.32/0.33): `kv_producer` (a prefill instance), `kv_consumer` (a decode instance), "
+        "or `kv_both` (no P/D: an aggregated replica, the default). Set per "
+        "`[[cluster.deployment]]`; a cluster with producers needs consumers (see P/D "
+        "disaggregation).", choices=KV_ROLES_ALL),
     Key("prefix_cache_retention_interval", RETENTION, None, "Which sliding-window and Mamba "
         "checkpoints the prefix cache keeps (`--prefix-cache-retention-interval`, vLLM 0.32+): `0` "
         "only a prompt's replay boundary and the shared-prefix junctions lookups find; a positive "
@@ -371,6 +388,21 @@ RUN_KEYS = (
 # router compares across replicas (one deployment: one model, one vLLM image, one block size).
 SHARED_ENGINE_KEYS = ("vllm_version", "block_size", "kv_groups")
 
+# P/D: the link between a prefill and a decode GPU, per GPU and direction:
+# (bandwidth bytes/s, fixed cost per read s, source).
+KV_TRANSFER_LINKS: dict[str, tuple[float, float, str]] = {
+    "rdma_400g": (50e9, 2e-5, "400 Gb/s per GPU: a ConnectX-7 NIC (InfiniBand NDR or 400GbE) per "
+                  "GPU, as in DGX H100/H200 nodes"),
+    "rdma_200g": (25e9, 2e-5, "200 Gb/s per GPU: ConnectX-6 (InfiniBand HDR), as in DGX A100"),
+    "rdma_800g": (100e9, 2e-5, "800 Gb/s per GPU: ConnectX-8 (InfiniBand XDR), GB300 systems"),
+    "nvlink4": (450e9, 5e-6, "P and D in one NVLink 4 domain: 900 GB/s per H100/H200 GPU, both "
+                "directions together"),
+    "nvlink5": (900e9, 5e-6, "P and D in one NVLink 5 domain: 1.8 TB/s per B200 GPU, both "
+                "directions together"),
+    "pcie5": (64e9, 1e-5, "peer-to-peer over PCIe 5.0 x16 (64 GB/s a direction), one host"),
+    "ethernet_100g": (12.5e9, 5e-5, "100 Gb/s Ethernet without RDMA (UCX over TCP)"),
+}
+
 CLUSTER_KEYS = (
     Key("replicas", "int", 1, "Replicas behind the router, each a whole vLLM engine (`[engine]`) "
         "with its own KV cache. With `[[cluster.deployment]]` tables: their total (leave it out). "
@@ -389,7 +421,28 @@ CLUSTER_KEYS = (
         "them token for token.", low=0, high=1),
     Key("deployment", "deployments", None, "Replicas with their own engine settings: a list of "
         "`[[cluster.deployment]]` tables (keys below), replicas numbered in table order."),
+    Key("prefill_router", "str", None, "P/D: the routing policy over the prefill instances "
+        "(the choices of `router`, which picks the decode instance first, as llm-d's "
+        "pd-profile-handler runs its decode profile first). Default: `router`.",
+        choices=ROUTERS, derived=True),
+    Key("non_cached_tokens", "int", 0, "P/D: llm-d's prefix-based-pd-decider `nonCachedTokens`: "
+        "a request whose prompt, or whose part not cached on the chosen decode instance, is "
+        "shorter than this goes to the decode instance alone (no prefill instance, no "
+        "transfer); 0 sends every request through a prefill instance.", low=0, high=1 << 30),
+    Key("kv_transfer_link", "str", "rdma_400g", "P/D: the link a decode GPU reads a prefill "
+        "GPU's KV cache over, a preset (see P/D disaggregation for their sources): "
+        + ", ".join(f"`{k}`" for k in KV_TRANSFER_LINKS) + ".", choices=tuple(KV_TRANSFER_LINKS)),
+    Key("kv_transfer_bandwidth_bytes_per_s", "float", None, "P/D: the link's bandwidth per "
+        "GPU and direction, bytes/s. Default: the preset's.", low=0, low_open=True,
+        derived=True),
+    Key("kv_transfer_latency_s", "float", None, "P/D: a fixed cost per read (posting it, its "
+        "completion and the notification that frees the prefill's blocks), seconds. Default: "
+        "the preset's.", low=0, derived=True),
 )
+
+# The [cluster] keys that configure P/D (given only with kv_producer / kv_consumer instances).
+PD_CLUSTER_KEYS = ("prefill_router", "non_cached_tokens", "kv_transfer_link",
+                   "kv_transfer_bandwidth_bytes_per_s", "kv_transfer_latency_s")
 
 # vLLM's names for what kvsim takes under another key, or does not model: an unknown key with
 # one of these names is answered with this, not with a look-alike key's name.
@@ -464,6 +517,7 @@ class EngineCfg:
     kv_offloading_size: float | None
     kv_offloading_backend: str
     kv_connector_extra_config: dict[str, Any] | None  # as given (an inline table)
+    kv_role: KVRoleAll
     # Derived: the offload tier as the connector takes it, and one GPU block's bytes on a rank.
     offload: OffloadParams | None
     kv_block_bytes: int
@@ -573,6 +627,18 @@ class ClusterCfg:
     # [[cluster.deployment]] tables as given: (replicas, ((engine key, value), ...)) each.
     deployment: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] | None
     engines: tuple[EngineCfg, ...]  # one per replica, in replica order
+    # P/D (a scenario file's resolved: prefill_router from router, the link's numbers from
+    # its preset).
+    prefill_router: RouterName = "round_robin"
+    non_cached_tokens: int = 0
+    kv_transfer_link: str = "rdma_400g"
+    kv_transfer_bandwidth_bytes_per_s: float = KV_TRANSFER_LINKS["rdma_400g"][0]
+    kv_transfer_latency_s: float = KV_TRANSFER_LINKS["rdma_400g"][1]
+
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill and decode instances (kv_producer / kv_consumer), not aggregated replicas."""
+        return any(e.kv_role != "kv_both" for e in self.engines)
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,7 @@ class NixlConnector:
             # The bidirectional read-back: part of the prompt is on the decode side.
             count = min(params.remote_num_tokens, req.num_prompt_tokens) - num_computed_tokens
             if count > 0:
-                if 0 < self.kv_recompute_threshold and count < self.kv_recompute_threshold:
+                if self.kv_recompute_threshold > 0 and count < self.kv_recompute_threshold:
                     return 0, False
                 return count, True
         return 0, False

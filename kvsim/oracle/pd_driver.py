@@ -60,8 +60,8 @@ class _Side:
 
     def __init__(self, name: str, engine: dict, threshold, delay: int):
         self.name = name
-        transfer = {"kv_role": "kv_producer" if name == "prefill" else "kv_consumer",
-                    "engine_id": name}
+        transfer: dict[str, object] = {
+            "kv_role": "kv_producer" if name == "prefill" else "kv_consumer", "engine_id": name}
         if threshold is not None:
             transfer["kv_recompute_threshold"] = int(threshold)
         if "kv_offloading" in engine or engine.get("async_scheduling"):
@@ -109,7 +109,7 @@ class _Side:
         self.per_req[rid] = pr
         self.sched.add_request(r)
 
-    def _worker(self, so, peer: "_Side"):
+    def _worker(self, so, peer: _Side):
         """The faked NIXL worker's report for schedule() call ``self.calls``."""
         from vllm.v1.outputs import KVConnectorOutput
 
@@ -136,7 +136,7 @@ class _Side:
             return None
         return KVConnectorOutput(finished_recving=recving or None, finished_sending=sending or None)
 
-    def call(self, tick: int, peer: "_Side") -> None:
+    def call(self, tick: int, peer: _Side) -> None:
         """One EngineCore step of this side."""
         sched = self.sched
         running_before = {r.request_id for r in sched.running} if self.spec_k else ()
