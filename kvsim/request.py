@@ -159,7 +159,7 @@ class Request:
         "external_cached_tokens", "num_draft_tokens", "num_drafts_proposed",
         "num_drafts_accepted", "num_verify_steps",
         "accepted_trace", "group_keys", "num_output_placeholders", "num_in_flight_tokens",
-        "num_stale_output_tokens", "shared_prefix_boundary",
+        "num_stale_output_tokens", "drop_stale_output", "shared_prefix_boundary",
         "join_step", "first_scheduled_step", "first_token_step", "finish_step",
         "first_scheduled_s", "first_token_s", "finish_s", "session_id", "replica", "dp_rank",
         "rank", "lz_sched", "lz_upd", "lz_in", "last_sched_seq", "kv_transfer_params",
@@ -200,6 +200,7 @@ class Request:
         self.num_output_placeholders = 0
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
+        self.drop_stale_output = False  # those outputs are dropped, not delivered
         # Hybrid lookups: where a longer single-group hit ended (0.32+ Mamba chunk stop).
         self.shared_prefix_boundary = 0
         self.join_step: int | None = None

@@ -236,6 +236,8 @@ class Scheduler:
         # defer_block_free): steps are numbered as scheduled and as processed.
         self.defer_block_free = (connector is not None and connector.is_kv_consumer
                                  and params.async_scheduling)
+        # A preempted request's in-flight output is dropped (a producer's connector).
+        self.requires_kv_delivery = connector is not None and connector.requires_kv_delivery
         # Finished requests whose blocks stay until the worker reports them sent (a P/D
         # prefill side; vLLM keeps them in ``requests``).
         self.sending: dict[str, Request] = {}
@@ -488,8 +490,8 @@ class Scheduler:
                     skip(queue)
                     continue
                 self._finish_remote_load(req)
-            if req.num_stale_output_tokens:  # async: wait for its in-flight outputs
-                skip(queue)
+            if req.num_stale_output_tokens and not req.drop_stale_output:
+                skip(queue)  # async: wait for its in-flight outputs (unless they are dropped)
                 continue
             ext, load_async, ext_queries = 0, False, 0
             if req.num_computed_tokens == 0:
@@ -636,6 +638,10 @@ class Scheduler:
             # Async: outputs in flight become stale; their placeholders go (0.32
             # scheduler.py:1596-1606). Before 0.32 the placeholders stay and the late output is
             # applied like any other (0.19 scheduler.py:956-976).
+            # A producer's hand-off must not come from a preempted run: its in-flight
+            # output is dropped, not delivered (0.32+ requires_kv_delivery).
+            req.drop_stale_output = self.requires_kv_delivery or (
+                req.drop_stale_output and req.num_stale_output_tokens > 0)
             req.num_stale_output_tokens = req.num_in_flight_tokens
             req.num_output_placeholders = 0
         req.num_preemptions += 1
@@ -680,8 +686,8 @@ class Scheduler:
             stale = req.num_stale_output_tokens > 0
             if stale:
                 req.num_stale_output_tokens -= c.num_new_tokens
-            if req.status is Status.FINISHED or not c.samples:
-                continue  # finished meanwhile, or a partial prefill chunk: nothing sampled
+            if req.status is Status.FINISHED or not c.samples or (stale and req.drop_stale_output):
+                continue  # finished meanwhile, a partial prefill chunk, or a dropped output
             num_new = 1
             if c.num_spec_tokens:
                 accepted = 0 if c.padded or accept is None else accept(req, c.num_spec_tokens)

@@ -103,10 +103,15 @@ class StepView:
 
 class KVConnector(Protocol):
     """The scheduler side of a KV connector. ``is_kv_consumer``: it loads KV into the
-    engine's blocks (vLLM's ``kv_role`` kv_consumer or kv_both)."""
+    engine's blocks (vLLM's ``kv_role`` kv_consumer or kv_both); ``requires_kv_delivery``:
+    it hands KV off when a request finishes, so a preempted request's in-flight output is
+    dropped rather than let it finish (vLLM's property of that name)."""
 
     @property
     def is_kv_consumer(self) -> bool: ...
+
+    @property
+    def requires_kv_delivery(self) -> bool: ...
 
     def on_new_request(self, req: Request) -> None: ...
 

@@ -80,6 +80,10 @@ class NixlConnector:
     def is_kv_consumer(self) -> bool:
         return self.role == "kv_consumer"
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return self.role == "kv_producer"  # (KVConnectorBase_V1's default)
+
     def on_new_request(self, req: Request) -> None:
         params = req.kv_transfer_params
         if params is not None and params.do_remote_decode:

@@ -548,6 +548,7 @@ class OffloadingConnector:
     """The scheduler side of ``OffloadingConnector`` for one full-attention group."""
 
     is_kv_consumer = True  # kv_role kv_both: it loads into the engine's blocks
+    requires_kv_delivery = False  # a best-effort cache (vLLM opts out of the producer default)
 
     def __init__(self, hasher: BlockHasher, block_size: int, offload: OffloadParams,
                  rules: OffloadRules, eagle_group: bool = False):
