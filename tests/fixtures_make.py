@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvsim.oracle.fuzz import random_scenario, to_driver  # noqa: E402
+from kvsim.oracle.fuzz import pd_to_driver, random_pd_scenario, random_scenario, to_driver  # noqa: E402
 from kvsim.oracle.replay import block_ids_digest  # noqa: E402
 
 
@@ -41,12 +41,23 @@ def main() -> int:
     ap.add_argument("--mamba", action="store_true", help="hybrid KV groups with a Mamba group")
     ap.add_argument("--async", dest="async_", action="store_true", help="asynchronous scheduling")
     ap.add_argument("--offload", action="store_true", help="native CPU offloading (0.33)")
+    ap.add_argument("--pd", action="store_true",
+                    help="P/D pairs through kvsim/oracle/pd_driver.py (with --spec, --async), "
+                         "into pd-vllm-VERSION[-spec][-async]")
     ap.add_argument("--cases", nargs="*", metavar="SEED[:MIX]",
                     help="record these seeds (MIX: spec,hybrid|mamba,async,offload) into "
                          "vllm-VERSION-regressions (added to the cases there)")
     ap.add_argument("--rerecord", action="store_true",
                     help="run the scenarios of every tests/fixtures/vllm-VERSION*.json.gz again")
     args = ap.parse_args()
+    if args.pd:
+        scenarios = [random_pd_scenario(s, spec=args.spec, async_scheduling=args.async_)
+                     for s in range(args.first_seed, args.first_seed + args.count)]
+        tag = "".join(t for t, on in (("-spec", args.spec), ("-async", args.async_)) if on)
+        write(ROOT / "tests" / "fixtures" / f"pd-vllm-{args.version}{tag}.json.gz",
+              {"vllm_version": args.version, "generator": "kvsim.oracle.fuzz.random_pd_scenario",
+               "cases": record_pd(args, scenarios)})
+        return 0
     if args.rerecord:
         for dest in sorted((ROOT / "tests" / "fixtures").glob(f"vllm-{args.version}*.json.gz")):
             data = json.loads(gzip.decompress(dest.read_bytes()))
@@ -103,6 +114,27 @@ def record(args, scenarios: list[dict]) -> list[dict]:
         for st in res["steps"]:
             st.pop("usage", None)  # recomputable from num_free_blocks
             st["block_ids_digest"] = block_ids_digest(st.pop("block_ids"))
+        cases.append({"scenario": sc, "vllm": res})
+    return cases
+
+
+def record_pd(args, scenarios: list[dict]) -> list[dict]:
+    """P/D pairs with vLLM's results (a pair vLLM deadlocks is kept, with its tick)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        inp.write_text(json.dumps([pd_to_driver(s) for s in scenarios]))
+        subprocess.run([args.python, str(ROOT / "kvsim/oracle/pd_driver.py"), str(inp), str(out)],
+                       check=False)
+        results = json.loads(out.read_text())
+    cases = []
+    for sc, res in zip(scenarios, results, strict=True):
+        if "error" in res and res.get("stall") is None:
+            print(f"seed {sc['seed']}: {res['error'][:200]}", file=sys.stderr)
+            continue
+        for side in ("prefill", "decode"):
+            for st in res[side]["steps"]:
+                st.pop("usage", None)
+                st["block_ids_digest"] = block_ids_digest(st.pop("block_ids"))
         cases.append({"scenario": sc, "vllm": res})
     return cases
 

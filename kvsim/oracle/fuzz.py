@@ -209,15 +209,24 @@ def to_driver(scenario: dict) -> dict:
     return {"engine": scenario["engine"], "requests": reqs}
 
 
-def random_pd_scenario(seed: int, spec: bool = False) -> dict:
+def random_pd_scenario(seed: int, spec: bool = False, async_scheduling: bool = False) -> dict:
     """A seeded P/D pair (``oracle/pd_driver.py``'s input): ``random_scenario``'s engine and
     requests, the engine on both sides with the decode side's pool drawn again (from a
     stream of its own: a pool that cannot hold every request at once makes the decode side
-    preempt while the prefill side holds blocks for it), reads of 0-3 schedule() calls and
-    sometimes a ``kv_recompute_threshold``."""
-    base = random_scenario(seed, spec=spec)
+    preempt while the prefill side holds blocks for it), more multi-module MTP (the P/D
+    backoff), reads of 0-3 schedule() calls and sometimes a ``kv_recompute_threshold``."""
+    base = random_scenario(seed, spec=spec, async_scheduling=async_scheduling)
     rng = random.Random(f"pd-{seed}")
     engine = base["engine"]
+    if spec and rng.random() < 0.3 and engine["block_size"] >= 3 and (
+            engine["max_num_batched_tokens"] > 8 * 4):
+        # Multi-module MTP, whose prefill look-ahead sets the P/D backoff (k - 1 tokens the
+        # prefill leaves to the decode side).
+        k = rng.randint(2, 3)
+        engine["speculative"] = {"method": "mtp", "num_speculative_tokens": k,
+                                 "mtp_num_layers": k}
+        for r in base["requests"]:
+            r["accepted"] = [rng.randint(0, k) for _ in r.get("accepted") or [0]]
     decode = dict(engine)
     blocks = engine["num_gpu_blocks"]
     min_blocks = cdiv(engine["max_model_len"], engine["block_size"]) + 1

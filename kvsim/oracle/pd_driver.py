@@ -8,9 +8,9 @@ and the standard library, never kvsim.
     /path/to/oracle-venv/bin/python kvsim/oracle/pd_driver.py IN.json OUT.json
 
 IN.json holds one scenario or a list of them:
-  prefill, decode: engine tables as vllm_driver.py takes them (no kv_offloading, no
-          async_scheduling); the driver adds kv_transfer (NixlConnector, kv_role
-          kv_producer / kv_consumer, engine ids "prefill" / "decode").
+  prefill, decode: engine tables as vllm_driver.py takes them (no kv_offloading); the
+          driver adds kv_transfer (NixlConnector, kv_role kv_producer / kv_consumer, engine
+          ids "prefill" / "decode").
   kv_recompute_threshold: optional, passed to both sides' kv_connector_extra_config.
   transfer_delay: the decode side's schedule() calls a read of remote blocks takes (0: done
           in the same call's output); a request with nothing to read notifies the prefill
@@ -22,9 +22,12 @@ The loop runs in ticks. In tick t: the requests with join_step <= t go to the pr
 as the P/D proxy sends them (the whole prompt, max_tokens 1, kv_transfer_params
 {"do_remote_decode": true}); the requests the prefill side finished in tick t - 1 go to the
 decode side with the kv_transfer_params its output carried; then each side with requests
-(``Scheduler.has_requests``: a finished request whose blocks wait to be read counts) makes
-one EngineCore step (schedule, its worker's hooks, update_from_output; with speculative
-decoding the drafts as vllm_driver.py gives them). The faked workers:
+(``Scheduler.has_requests``: a finished request whose blocks wait to be read counts) or
+batches in flight makes one EngineCore step (schedule, its worker's hooks,
+update_from_output; with speculative decoding the drafts as vllm_driver.py gives them;
+with async_scheduling one iteration of
+vllm_driver.py's batch queue, whose batches carry the worker's report of the call that
+scheduled them). The faked workers:
   decode: each reqs_to_recv entry of a step's metadata (schedule() call c of that side) is
           read by call c + transfer_delay (call c if it reads no blocks); then the request
           is reported in finished_recving (if it waits for it) and the prefill side is
@@ -46,6 +49,7 @@ output: "remote_num_tokens" must equal the prefill's computed tokens.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -64,11 +68,14 @@ class _Side:
             "kv_role": "kv_producer" if name == "prefill" else "kv_consumer", "engine_id": name}
         if threshold is not None:
             transfer["kv_recompute_threshold"] = int(threshold)
-        if "kv_offloading" in engine or engine.get("async_scheduling"):
-            raise ValueError(f"{name}: kv_offloading and async_scheduling are not driven")
+        if "kv_offloading" in engine:
+            raise ValueError(f"{name}: kv_offloading is not driven with P/D")
         self.sched, self.hasher, self.warnings, info = vd.build_scheduler(
             {**engine, "kv_transfer": transfer})
         self.spec_k = info["spec_k"]
+        self.is_async = info["async"]
+        self.queue_size, self.queue_rule = info["queue_size"], info["queue_rule"]
+        self.queue: collections.deque = collections.deque()  # batches in flight, newest first
         self.kvm = self.sched.kv_cache_manager
         self.pool = self.kvm.block_pool
         self.delay = delay
@@ -137,16 +144,31 @@ class _Side:
         return KVConnectorOutput(finished_recving=recving or None, finished_sending=sending or None)
 
     def call(self, tick: int, peer: _Side) -> None:
-        """One EngineCore step of this side."""
+        """One EngineCore iteration of this side (vllm_driver.py's batch queue: with
+        asynchronous scheduling a batch is scheduled before the previous one's output is
+        processed; the worker's report comes with the batch it ran with)."""
+        sched = self.sched
+        if sched.has_requests():
+            self.queue.appendleft(self._schedule(tick, peer))
+            executed = self.queue[0][0].total_num_scheduled_tokens > 0
+            self.active |= any(q[0].total_num_scheduled_tokens > 0 for q in self.queue)
+            if len(self.queue) < self.queue_size and (
+                    executed if self.queue_rule == "not_done" else executed or sched.has_requests()):
+                return
+        elif not self.queue:
+            return
+        self._process(*self.queue.pop())
+
+    def _schedule(self, tick: int, peer: _Side):
         sched = self.sched
         running_before = {r.request_id for r in sched.running} if self.spec_k else ()
         so = sched.schedule()
         self.calls += 1
         kv_out = self._worker(so, peer)
         meta = so.kv_connector_metadata
-        self.active = bool(so.total_num_scheduled_tokens > 0 or so.preempted_req_ids
-                           or kv_out is not None or self.reads
-                           or (meta is not None and (meta.reqs_to_recv or meta.reqs_to_send)))
+        self.active |= bool(so.total_num_scheduled_tokens > 0 or so.preempted_req_ids
+                            or kv_out is not None or self.reads
+                            or (meta is not None and (meta.reqs_to_recv or meta.reqs_to_send)))
         pst = vd._prefix_stats_dict(self.kvm.make_prefix_cache_stats())
         cst = vd._take_connector_stats(sched)
         for k in vd._STAT_KEYS:
@@ -164,7 +186,8 @@ class _Side:
                 if pr["first_scheduled_step"] is None:
                     pr["first_scheduled_step"] = self.step
                 r = self.reqs[rid]
-                samples = r.num_computed_tokens >= r.num_tokens
+                samples = (not r.is_prefill_chunk if self.is_async
+                           else r.num_computed_tokens >= r.num_tokens)
                 n_drafts = len(sched_spec.get(rid, ()))
                 n_acc = 0
                 if n_drafts and samples and rid not in running_before:
@@ -188,6 +211,10 @@ class _Side:
         else:
             mro = vd._model_runner_output([], [])
         mro.kv_connector_output = kv_out
+        return so, mro, rec, spec_info
+
+    def _process(self, so, mro, rec, spec_info) -> None:
+        sched = self.sched
         for rid, (nd, na) in spec_info.items():
             r = sched.requests.get(rid)
             if r is not None and not r.is_finished():
@@ -212,7 +239,9 @@ class _Side:
         if rec is not None:
             rec["num_free_blocks"] = int(self.pool.get_num_free_blocks())
             rec["usage"] = float(self.kvm.usage)
-        if self.spec_k and rec is not None and not getattr(so, "skip_drafts", False):
+        if (self.spec_k and not self.is_async and rec is not None
+                and not getattr(so, "skip_drafts", False)):
+            nst = rec["scheduled"]
             d_ids = [rid for rid in nst
                      if (r := sched.requests.get(rid)) is not None and not r.is_finished()
                      and mro.sampled_token_ids[mro.req_id_to_index[rid]]]
@@ -264,17 +293,16 @@ def drive(scenario: dict, max_ticks: int = 200_000) -> dict:
             del pr  # (checked above)
         handover = []
         done = sum(pr["finish_step"] is not None for pr in d.per_req.values())
-        if (done == len(specs) and not p.sched.has_requests() and not d.sched.has_requests()):
+        if (done == len(specs) and not p.sched.has_requests() and not d.sched.has_requests()
+                and not p.queue and not d.queue):
             break
         if tick >= max_ticks:
             error = f"max_ticks ({max_ticks}) exceeded"
             break
         p.active = d.active = False
-        if p.sched.has_requests():
-            p.call(tick, d)
+        p.call(tick, d)
         handover, p.finished_now = p.finished_now, []
-        if d.sched.has_requests():
-            d.call(tick, p)
+        d.call(tick, p)
         d.finished_now = []
         done = sum(pr["finish_step"] is not None for pr in d.per_req.values())
         if done < len(specs) and not (pending or handover or p.active or d.active):

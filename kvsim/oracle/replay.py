@@ -282,6 +282,8 @@ class _PDSide:
         self.prefix = PrefixCacheStats()
         self.external = PrefixCacheStats()
         self.active = False
+        self.queue_size = 2 if self.sched.params.async_scheduling else 1
+        self.queue: deque = deque()  # batches in flight, newest first
 
     def add(self, req: Request, tick: int) -> None:
         self.reqs.append(req)
@@ -289,22 +291,32 @@ class _PDSide:
         self.sched.add_request(req)
 
     def call(self, tick: int, worker_step, check_invariants: bool) -> list[Request]:
-        """One EngineCore step; returns the requests it finished."""
+        """One EngineCore iteration (``drive``'s batch queue); returns the requests it
+        finished."""
         sched = self.sched
-        plan = sched.schedule()
-        self.calls += 1
-        kv_out = worker_step(plan.connector_meta, self.calls)
-        meta = plan.connector_meta
-        self.active = bool(plan.scheduled or plan.preempted or kv_out is not None
-                           or (meta is not None and (meta.reqs_to_recv or meta.reqs_to_send)))
-        self.prefix.add(plan.prefix_cache)
-        self.external.add(plan.external_prefix_cache)
-        rec = None
-        if plan.scheduled:
-            rec = _record(sched, plan, self.step, self.planned)
-            rec["tick"] = tick
-            self.steps.append(rec)
-            self.step += 1
+        if sched.has_requests:
+            plan = sched.schedule()
+            self.calls += 1
+            kv_out = worker_step(plan.connector_meta, self.calls)
+            meta = plan.connector_meta
+            self.active |= bool(plan.scheduled or plan.preempted or kv_out is not None
+                                or (meta is not None and (meta.reqs_to_recv or meta.reqs_to_send)))
+            self.prefix.add(plan.prefix_cache)
+            self.external.add(plan.external_prefix_cache)
+            rec = None
+            if plan.scheduled:
+                rec = _record(sched, plan, self.step, self.planned)
+                rec["tick"] = tick
+                self.steps.append(rec)
+                self.step += 1
+            self.queue.appendleft((plan, rec, kv_out))
+            self.active |= any(q[0].scheduled for q in self.queue)
+            if len(self.queue) < self.queue_size and (plan.scheduled or (
+                    sched.has_requests and not sched.sem.batch_queue_fill_requires_execution)):
+                return []
+        elif not self.queue:
+            return []
+        plan, rec, kv_out = self.queue.pop()
         first, finished = sched.update_from_output(plan, _accept, kv_out)
         if rec is not None:
             for r in first:
@@ -365,15 +377,14 @@ def drive_pd(scenario: dict, version: str = "0.33.0", check_invariants: bool = T
             r.kv_transfer_params = pr.kv_transfer_output
             d.add(r, tick)
         handover = []
-        if done == len(specs) and not p.sched.has_requests and not d.sched.has_requests:
+        if (done == len(specs) and not p.sched.has_requests and not d.sched.has_requests
+                and not p.queue and not d.queue):
             break
         if tick >= max_ticks:
             break
         p.active = d.active = False
-        if p.sched.has_requests:
-            handover = p.call(tick, lambda meta, call: worker.prefill_step(meta), check_invariants)
-        if d.sched.has_requests:
-            done += len(d.call(tick, worker.decode_step, check_invariants))
+        handover = p.call(tick, lambda meta, call: worker.prefill_step(meta), check_invariants)
+        done += len(d.call(tick, worker.decode_step, check_invariants))
         if done < len(specs) and not (pending or handover or p.active or d.active or worker.reads):
             stall = tick  # nothing ran, moved or is in flight: the pair deadlocks
             break

@@ -5,7 +5,8 @@
     python -m kvsim.oracle.suite --count 2000 --mixes hybrid,spec-hybrid,mamba,spec-mamba
 
 Scenarios cycle through the feature mixes each release supports (single group, speculative
-decoding, hybrid groups, both, and asynchronous scheduling where kvsim models it); each
+decoding, hybrid groups, both, and asynchronous scheduling where kvsim models it), and P/D
+pairs through ``pd_driver.py`` where kvsim reproduces NixlConnector (``--pd-count``); each
 version's scenarios run in one oracle process (``vllm_driver.py`` in the environment that
 ``make_env.sh`` builds). A scenario vLLM refuses or cannot finish within the call cap is
 counted apart; any mismatch fails the suite (exit 1) and is printed with its seed and mix, so
@@ -24,8 +25,8 @@ import time
 from pathlib import Path
 
 from kvsim.errors import ConfigError
-from kvsim.oracle.fuzz import random_scenario, to_driver
-from kvsim.oracle.replay import build, compare, drive
+from kvsim.oracle.fuzz import pd_to_driver, random_pd_scenario, random_scenario, to_driver
+from kvsim.oracle.replay import build, compare, compare_pd, drive, drive_pd
 from kvsim.oracle.validate import DRIVER, oracle_python
 from kvsim.semantics import VERSIONS
 
@@ -61,6 +62,7 @@ def mixes_for(version: str, only: set[str] | None = None) -> list[Mix]:
 
 
 STALL = re.compile(r"stall at step (\d+)")
+PD_DRIVER = DRIVER.with_name("pd_driver.py")
 
 
 def run_version(version: str, count: int, first_seed: int, python: Path,
@@ -84,6 +86,8 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
         except ConfigError:
             continue  # a configuration this release refuses at start-up
         cases.append((seed, (spec, hybrid, is_async, offload), sc))
+    if not cases:
+        return 0, 0, 0, 0, []
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps([{**to_driver(sc), "max_schedule_calls": max_calls}
@@ -115,13 +119,69 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
     return compared, stalls, bad, refused, reports
 
 
+# P/D pairs (oracle/pd_driver.py: two Schedulers with NixlConnector): (speculative, asynchronous).
+PD_MIXES: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (False, True),
+                                           (True, True))
+
+
+def pd_mix_name(mix: tuple[bool, bool]) -> str:
+    return "-".join(["pd"] + [p for p, on in zip(("spec", "async"), mix) if on])
+
+
+def run_version_pd(version: str, count: int, first_seed: int, python: Path,
+                   only: set[str] | None = None) -> tuple[int, int, int, int, list[str]]:
+    """``run_version`` for P/D pairs, on releases whose NixlConnector kvsim reproduces; a
+    pair that deadlocks counts as compared when kvsim's deadlocks at the same tick."""
+    mixes = [m for m in PD_MIXES if only is None or pd_mix_name(m) in only]
+    if not VERSIONS[version].nixl_pd or not mixes:
+        return 0, 0, 0, 0, []
+    cases = []
+    for i in range(count):
+        seed = first_seed + i
+        spec, is_async = mixes[i % len(mixes)]
+        sc = random_pd_scenario(seed, spec=spec, async_scheduling=is_async)
+        try:
+            build(sc["prefill"], version)
+            build(sc["decode"], version)
+        except ConfigError:
+            continue
+        cases.append((seed, (spec, is_async), sc))
+    if not cases:
+        return 0, 0, 0, 0, []
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        inp.write_text(json.dumps([pd_to_driver(sc) for _, _, sc in cases]))
+        subprocess.run([str(python), str(PD_DRIVER), str(inp), str(out)], capture_output=True)
+        results = json.loads(out.read_text()) if out.exists() else []
+    if len(results) != len(cases):
+        raise ConfigError("oracle", f"vLLM {version}'s P/D driver returned {len(results)} "
+                          f"results for {len(cases)} scenarios")
+    compared = stalls = bad = refused = 0
+    reports: list[str] = []
+    for (seed, mix, sc), res in zip(cases, results):
+        if "error" in res and res.get("stall") is None:
+            refused += 1
+            continue
+        stalls += res.get("stall") is not None
+        mismatches = compare_pd(drive_pd(pd_to_driver(sc), version, check_invariants=False), res,
+                                limit=3)
+        compared += 1
+        if mismatches:
+            bad += 1
+            if len(reports) < 10:
+                reports.append(f"{version} seed {seed} {pd_mix_name(mix)}: " + "; ".join(mismatches))
+    return compared, stalls, bad, refused, reports
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvsim.oracle.suite")
     ap.add_argument("--versions", default="0.33.0,0.32.0,0.22.1,0.19.0")
     ap.add_argument("--count", type=int, default=500, help="scenarios per version")
     ap.add_argument("--first-seed", type=int, default=100_000)
     ap.add_argument("--max-calls", type=int, default=20_000, help="schedule() calls per scenario")
-    names = sorted({mix_name(m) for m in MIXES})
+    ap.add_argument("--pd-count", type=int, default=None,
+                    help="P/D pairs per version (default: a quarter of --count)")
+    names = sorted({mix_name(m) for m in MIXES} | {pd_mix_name(m) for m in PD_MIXES})
     ap.add_argument("--mixes", default=None,
                     help=f"only these feature mixes, comma-separated ({', '.join(names)})")
     args = ap.parse_args(argv)
@@ -132,28 +192,39 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kvsim: error: --mixes: unknown {', '.join(sorted(only - set(names)))} "
                   f"(known: {', '.join(names)})", file=sys.stderr)
             return 2
+    pd_count = args.count // 4 if args.pd_count is None else args.pd_count
     total_bad = total = 0
     for version in args.versions.split(","):
-        try:
-            python = oracle_python(version, None)
-            t0 = time.perf_counter()
-            compared, stalls, bad, refused, reports = run_version(
-                version, args.count, args.first_seed, python, args.max_calls, only)
-        except ConfigError as exc:
-            print(f"kvsim: error: {exc.where}: {exc.what}", file=sys.stderr)
-            return 2
-        if args.count and not compared and mixes_for(version, only):
-            # Every scenario refused: the driver itself failed (e.g. an engine default it does
-            # not reproduce), which must not pass as "0 mismatching".
-            print(f"vLLM {version}: no trace compared, {refused} refused", file=sys.stderr)
-            total_bad += 1
-        total += compared
-        total_bad += bad
-        print(f"vLLM {version}: {compared} traces compared ({stalls} ending in vLLM's own "
-              f"deadlock), {bad} mismatching, {refused} refused or unfinished by vLLM "
-              f"({time.perf_counter() - t0:.0f} s)")
-        for r in reports:
-            print("  " + r[:400])
+        for what, count in (("traces", args.count), ("P/D pairs", pd_count)):
+            try:
+                python = oracle_python(version, None)
+                t0 = time.perf_counter()
+                if what == "traces":
+                    compared, stalls, bad, refused, reports = run_version(
+                        version, count, args.first_seed, python, args.max_calls, only)
+                    expected = bool(mixes_for(version, only))
+                else:
+                    compared, stalls, bad, refused, reports = run_version_pd(
+                        version, count, args.first_seed, python, only)
+                    expected = VERSIONS[version].nixl_pd and any(
+                        only is None or pd_mix_name(m) in only for m in PD_MIXES)
+            except ConfigError as exc:
+                print(f"kvsim: error: {exc.where}: {exc.what}", file=sys.stderr)
+                return 2
+            if not expected:
+                continue
+            if count and not compared:
+                # Every scenario refused: the driver itself failed (e.g. an engine default
+                # it does not reproduce), which must not pass as "0 mismatching".
+                print(f"vLLM {version}: no {what} compared, {refused} refused", file=sys.stderr)
+                total_bad += 1
+            total += compared
+            total_bad += bad
+            print(f"vLLM {version}: {compared} {what} compared ({stalls} ending in vLLM's own "
+                  f"deadlock), {bad} mismatching, {refused} refused or unfinished by vLLM "
+                  f"({time.perf_counter() - t0:.0f} s)")
+            for r in reports:
+                print("  " + r[:400])
     print(f"differential: {total - total_bad} passed, {total_bad} failed")
     return 1 if total_bad else 0
 
