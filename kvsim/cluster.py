@@ -257,7 +257,10 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
         kv.share_hashes(caching[0])
     # Data parallel alone: one replica, nothing for the router to choose.
     cfg = sc.cluster or ClusterCfg(replicas=1, router="round_robin", load_metric="requests",
-                                   load_weight=0.5, deployment=None, engines=(sc.engine,))
+                                   load_weight=0.5, deployment=None, engines=(sc.engine,),
+                                   prefill_router="round_robin", non_cached_tokens=0,
+                                   kv_transfer_link="", kv_transfer_bandwidth_bytes_per_s=0.0,
+                                   kv_transfer_latency_s=0.0)  # (no P/D)
     recs = [Records(requests=rep.requests, replica=rep.index, dp_rank=rep.dp_rank) for rep in engines]
     router: Router | PDRouter
     transfers = None

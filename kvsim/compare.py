@@ -24,7 +24,8 @@ from kvsim.workload import build_requests
 
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
            "output_tokens_per_s", "prefix_cache_hit_rate", "mean_cached_tokens", "num_preemptions",
-           "mean_acceptance_length", "external_prefix_cache_hit_rate", "kv_offload_load_gib")
+           "mean_acceptance_length", "external_prefix_cache_hit_rate", "kv_offload_load_gib",
+           "nixl_pulled_gib", "num_decode_only")
 
 
 # EAGLE-3's drafts per step when a comparison chooses it for a model without MTP layers.
@@ -98,6 +99,7 @@ def row(name: str, s: dict) -> dict:
         return None if d is None else d[k] * scale
     sd = s.get("spec_decode") or {}
     ko = s.get("kv_offload") or {}
+    pd = s.get("pd") or {}
     return {
         "variant": name,
         "ttft_p50_ms": q(s["ttft_s"], "p50", 1e3), "ttft_p99_ms": q(s["ttft_s"], "p99", 1e3),
@@ -110,6 +112,10 @@ def row(name: str, s: dict) -> dict:
         "mean_acceptance_length": sd.get("mean_acceptance_length"),
         "external_prefix_cache_hit_rate": ko.get("external_prefix_cache_hit_rate"),
         "kv_offload_load_gib": (ko["kv_offload_load_bytes"] / GiB if ko else None),
+        # P/D: what the decode instances read from the prefill instances, and the requests
+        # the decider sent to a decode instance alone.
+        "nixl_pulled_gib": pd["nixl_bytes_transferred"] / GiB if pd else None,
+        "num_decode_only": pd["num_decode_only"] if pd else None,
     }
 
 
@@ -162,6 +168,9 @@ def table(rows: list[dict], first: str = "variant") -> str:
     if any(r.get("kv_offload_load_gib") is not None for r in rows):  # a CPU offload tier
         heads += ("CPU hit %", "loaded GiB")
         keys += ("external_prefix_cache_hit_rate", "kv_offload_load_gib")
+    if any(r.get("nixl_pulled_gib") is not None for r in rows):  # P/D instances
+        heads += ("pulled GiB", "decode-only")
+        keys += ("nixl_pulled_gib", "num_decode_only")
     width = max(len(heads[0]), *(len(r[first]) for r in rows))
 
     def cell(k, v):

@@ -36,7 +36,6 @@ from kvsim.schema import (
     MODEL_KEYS,
     OFFLOAD_EXTRA_KEYS,
     OFFLOAD_ONLY_EXTRA,
-    PD_CLUSTER_KEYS,
     PD_ONLY_EXTRA,
     REQUIRED,
     RETENTION,
@@ -792,7 +791,7 @@ def _cluster(raw: dict, file: str, base: Path | None, model: ModelCfg, hw: Hardw
 
 def _pd(raw: dict, file: str, c: dict, engines: tuple[EngineCfg, ...]) -> ClusterCfg:
     """The cluster with its P/D settings resolved: prefill and decode instances both, or
-    neither; the P/D keys only with them; the link's bandwidth and latency from its preset."""
+    neither; the link's bandwidth and latency from its preset."""
     where = f"{file}: cluster"
     roles = {e.kv_role for e in engines}
     if roles != {"kv_both"}:
@@ -804,11 +803,8 @@ def _pd(raw: dict, file: str, c: dict, engines: tuple[EngineCfg, ...]) -> Cluste
             missing = ({"kv_producer", "kv_consumer"} - roles).pop()
             raise ConfigError(f"{where}.deployment", f"P/D needs both prefill (kv_producer) and "
                               f"decode (kv_consumer) instances; no deployment is {missing}")
-    else:
-        given = [k for k in PD_CLUSTER_KEYS if k in raw["cluster"]]
-        if given:
-            raise ConfigError(f"{where}.{given[0]}", "a P/D setting: only with kv_producer and "
-                              "kv_consumer deployments (engine.kv_role)")
+    # (Without P/D instances the P/D keys go unused, so that one scenario compares an
+    # aggregated cluster with P/D splits: kvsim compare --vary cluster.deployment=...)
     bandwidth, latency, _ = KV_TRANSFER_LINKS[c["kv_transfer_link"]]
     return _build(ClusterCfg, {
         **c, "engines": engines, "prefill_router": c["prefill_router"] or c["router"],

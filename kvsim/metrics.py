@@ -552,13 +552,16 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
                          + (f", read p50 {1e3 * x['p50']:.2f} ms, p99 {1e3 * x['p99']:.2f} ms"
                             if x else "")
                          + f"; decode-side hits {pd['decode_pool']['prefix_cache_hits']:,} tokens")
-            lines.append(f"{'  pool':14}{'instances':>10}{'hit %':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
-                         f"{'KV mean %':>10}")
-            for name, p in (("prefill", pd["prefill_pool"]), ("decode", pd["decode_pool"])):
+            pools = (("prefill", pd["prefill_pool"]), ("decode", pd["decode_pool"]))
+            unit, scale = time_unit(max((p["ttft_s"]["p99"] for _, p in pools if p["ttft_s"]),
+                                        default=0.0))
+            lines.append(f"{'  pool (' + unit + ')':14}{'instances':>10}{'hit %':>10}{'TTFT p50':>10}"
+                         f"{'TTFT p99':>10}{'KV mean %':>10}")
+            for name, p in pools:
                 t, hit = p["ttft_s"], p["prefix_cache_hit_rate"]
                 lines.append(f"{'  ' + name:14}{len(p['instances']):>10}"
                              + (f" {100 * hit:>9.1f}" if hit is not None else f"{'-':>10}")
-                             + (f" {1e3 * t['p50']:>9.2f} {1e3 * t['p99']:>9.2f}" if t
+                             + (f" {scale * t['p50']:>9.2f} {scale * t['p99']:>9.2f}" if t
                                 else f"{'-':>10}" * 2)
                              + f" {100 * p['kv_usage_mean']:>9.1f}")
         if "cluster" in s:
@@ -570,15 +573,18 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
                          f"({d['api_server_count']} API server{'s' if d['api_server_count'] > 1 else ''}), "
                          + ("in lockstep (MoE)" if d["lockstep"] else "stepping independently")
                          + (", expert parallel" if d["enable_expert_parallel"] else ""))
-        lines.append(f"{'  replica':14}{'requests':>10}{'hit %':>10}{'TTFT p50':>10}{'TTFT p99':>10}"
-                     f"{'KV mean %':>10}")
+        unit, scale = time_unit(max((r["ttft_s"]["p99"] for r in s["replicas"] if r["ttft_s"]),
+                                    default=0.0))
+        lines.append(f"{'  replica (' + unit + ')':14}{'requests':>10}{'hit %':>10}{'TTFT p50':>10}"
+                     f"{'TTFT p99':>10}{'KV mean %':>10}")
         for r in s["replicas"]:
             t = r["ttft_s"]
             hit = r["prefix_cache_hit_rate"]
             name = str(r["replica"]) + (f" rank {r['dp_rank']}" if "dp_rank" in r else "")
             lines.append(f"{'  ' + name:14}{r['num_requests']:>10}"
                          + (f" {100 * hit:>9.1f}" if hit is not None else f"{'-':>10}")
-                         + (f" {1e3 * t['p50']:>9.2f} {1e3 * t['p99']:>9.2f}" if t else f"{'-':>10}" * 2)
+                         + (f" {scale * t['p50']:>9.2f} {scale * t['p99']:>9.2f}" if t
+                            else f"{'-':>10}" * 2)
                          + f" {100 * r['kv_usage']['mean']:>9.1f}")
     if out_dir:
         lines.append(f"results in    {out_dir}")

@@ -22,6 +22,7 @@ from kvsim.compare import COLUMNS
 from kvsim.config import parse_scenario
 from kvsim.errors import ConfigError
 from kvsim.metrics import context_line, over_capacity_text, time_unit
+from kvsim.model import GiB
 from kvsim.specdec import EAGLE_METHODS
 
 Run = plots.Variant
@@ -312,7 +313,8 @@ HEADS = {"ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "tpot_p50_ms": "T
          "prefix_cache_hit_rate": "hit rate %", "mean_cached_tokens": "mean hit tokens",
          "num_preemptions": "preempt&shy;ions", "mean_acceptance_length": "accept len",
          "goodput_req_s": "goodput req/s", "external_prefix_cache_hit_rate": "CPU hit %",
-         "kv_offload_load_gib": "CPU loaded GiB"}
+         "kv_offload_load_gib": "CPU loaded GiB", "nixl_pulled_gib": "P/D pulled GiB",
+         "num_decode_only": "decode-only"}
 LATENCY = {"ttft_p50_ms": 1e-3, "ttft_p99_ms": 1e-3, "tpot_p50_ms": 1e-3, "e2e_mean_s": 1.0}
 
 
@@ -371,6 +373,37 @@ def _run_table(s: dict, good: str | None) -> str:
     fact_rows = "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>" for a, b in facts)
     return (f'<div class="table-wrap"><table><tr><th></th><th>p50</th><th>p90</th><th>p99</th>'
             f"<th>mean</th></tr>{table}</table></div><p></p>"
+            f'<div class="table-wrap"><table>{fact_rows}</table></div>' + _pd_table(s.get("pd")))
+
+
+def _pd_table(pd: dict | None) -> str:
+    """A P/D run's prefill and decode pools side by side (the prefill pool's TTFT is its
+    prefill: the proxy's max_tokens = 1 requests)."""
+    if not pd:
+        return ""
+    rows = []
+    for name, p in (("prefill pool", pd["prefill_pool"]), ("decode pool", pd["decode_pool"])):
+        t = p["ttft_s"]
+        rows.append([name, f"{len(p['instances'])}", f"{p['num_gpu_blocks_total']:,}",
+                     "–" if p["prefix_cache_hit_rate"] is None
+                     else f"{100 * p['prefix_cache_hit_rate']:.1f} %",
+                     "–" if t is None else _seconds(t["p50"]),
+                     "–" if t is None else _seconds(t["p99"]), f"{p['num_preemptions']:,}",
+                     f"{100 * p['kv_usage_mean']:.1f} %"])
+    head = "".join(f"<th>{h}</th>" for h in ("", "instances", "blocks", "hit rate", "TTFT p50",
+                                                "TTFT p99", "preemptions", "KV mean"))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    x, h = pd["nixl_xfer_time_seconds"], pd["prefill_to_first_token_s"]
+    facts = [("pulled (NIXL reads)", f"{pd['nixl_bytes_transferred'] / GiB:,.2f} GiB in "
+              f"{pd['nixl_num_transfers']:,} reads over {pd['kv_transfer_link']}"
+              + ("" if x is None else f", p50 {_seconds(x['p50'])}, p99 {_seconds(x['p99'])}")),
+             ("prefill done to first token", "–" if h is None else
+              f"p50 {_seconds(h['p50'])}, p99 {_seconds(h['p99'])}"),
+             ("decode-only requests", f"{pd['num_decode_only']:,} (non_cached_tokens "
+              f"{pd['non_cached_tokens']:,})")]
+    fact_rows = "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>"
+                        for a, b in facts)
+    return (f'<p></p><div class="table-wrap"><table><tr>{head}</tr>{body}</table></div><p></p>'
             f'<div class="table-wrap"><table>{fact_rows}</table></div>')
 
 
@@ -404,7 +437,10 @@ def page(folder: Path, slo: plots.Goodput = plots.NO_SLO) -> str:
             for row, run in zip(rows, runs):
                 row["goodput_req_s"] = str(plots.goodput(run, slo))
             extra = ["goodput_req_s"]
-        parts.append(_table(rows, [*first, *COLUMNS[1:], *extra]))
+        # A feature's columns (speculative decoding, an offload tier, P/D) only where a
+        # variant has them.
+        shown = [c for c in COLUMNS[1:] if any(r.get(c) not in ("", None) for r in rows)]
+        parts.append(_table(rows, [*first, *shown, *extra]))
     parts.append("<h2>Figures</h2>")
     parts += [_figure(p) for p in figures]
     parts.append("<h2>Scenario</h2>")

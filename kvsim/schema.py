@@ -440,7 +440,8 @@ CLUSTER_KEYS = (
         "the preset's.", low=0, derived=True),
 )
 
-# The [cluster] keys that configure P/D (given only with kv_producer / kv_consumer instances).
+# The [cluster] keys that configure P/D (unused, and not written to a resolved scenario,
+# without kv_producer / kv_consumer instances).
 PD_CLUSTER_KEYS = ("prefill_router", "non_cached_tokens", "kv_transfer_link",
                    "kv_transfer_bandwidth_bytes_per_s", "kv_transfer_latency_s")
 
@@ -627,13 +628,12 @@ class ClusterCfg:
     # [[cluster.deployment]] tables as given: (replicas, ((engine key, value), ...)) each.
     deployment: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] | None
     engines: tuple[EngineCfg, ...]  # one per replica, in replica order
-    # P/D (a scenario file's resolved: prefill_router from router, the link's numbers from
-    # its preset).
-    prefill_router: RouterName = "round_robin"
-    non_cached_tokens: int = 0
-    kv_transfer_link: str = "rdma_400g"
-    kv_transfer_bandwidth_bytes_per_s: float = KV_TRANSFER_LINKS["rdma_400g"][0]
-    kv_transfer_latency_s: float = KV_TRANSFER_LINKS["rdma_400g"][1]
+    # P/D (resolved: prefill_router from router, the link's numbers from its preset).
+    prefill_router: RouterName
+    non_cached_tokens: int
+    kv_transfer_link: str
+    kv_transfer_bandwidth_bytes_per_s: float
+    kv_transfer_latency_s: float
 
     @property
     def disaggregated(self) -> bool:

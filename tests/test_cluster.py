@@ -144,7 +144,9 @@ def test_the_router_decides_on_the_state_at_the_arrival_instant(tmp_path):
 
 def cfg(router, load_metric="requests", load_weight=0.5, n=3):
     return ClusterCfg(replicas=n, router=router, load_metric=load_metric, load_weight=load_weight,
-                      deployment=None, engines=())
+                      deployment=None, engines=(), prefill_router=router, non_cached_tokens=0,
+                      kv_transfer_link="", kv_transfer_bandwidth_bytes_per_s=0.0,
+                      kv_transfer_latency_s=0.0)
 
 
 def replicas(n=3, num_gpu_blocks=100):

@@ -222,7 +222,8 @@ def test_without_a_tier_the_run_is_unchanged_and_reports_none():
 
 
 @pytest.mark.parametrize("engine, where", [
-    ({"kv_connector_extra_config": {"blocks_per_chunk": 2}}, "engine.kv_connector_extra_config"),
+    ({"kv_connector_extra_config": {"blocks_per_chunk": 2}},
+     "engine.kv_connector_extra_config.blocks_per_chunk"),
     ({"kv_offloading_size": 8.0, "kv_offloading_backend": "lmcache"}, "kv_offloading_backend"),
     ({"kv_offloading_size": 8.0, "kv_connector_extra_config": {"block_size": 24}},
      "kv_connector_extra_config.block_size"),
