@@ -51,8 +51,8 @@ from kvsim import dp
 from kvsim.assemble import cost_inputs
 from kvsim.cost.comm import ExpertExchange
 from kvsim.engine import Records, build_scheduler, simulate
-from kvsim.pd import PDNetwork, PDRouter, PDTransfers, Waker, pd_pools
-from kvsim.request import Request, Status
+from kvsim.pd import PDNetwork, PDTransfers, Waker, any_of, pd_pools
+from kvsim.request import KVTransferParams, Request, RequestSpec, Status
 from kvsim.sched import Scheduler
 from kvsim.schema import ClusterCfg, Scenario
 from kvsim.specdec import Acceptance
@@ -159,7 +159,18 @@ class Router:
         while self._next < len(reqs) and reqs[self._next].arrival_s <= now:
             req = reqs[self._next]
             self._next += 1
-            self.choose(req).receive(req)
+            self.dispatch(req)
+
+    def dispatch(self, req: Request) -> None:
+        self.choose(req).receive(req)
+
+    def finished(self, replica: Replica, reqs: list[Request], now: float) -> None:
+        """``replica`` finished ``reqs`` (a P/D proxy hands prefilled requests on)."""
+
+    def until_next(self, env: simpy.Environment, replica: Replica) -> simpy.Event | None:
+        """What an idle ``replica`` waits on: the next arrival (None: none will come)."""
+        t = self.next_arrival_s()
+        return None if t is None else env.timeout(t - env.now)
 
     # -- policies: each returns a replica ------------------------------------------------
 
@@ -204,13 +215,85 @@ class Router:
         return rep
 
 
+class PDRouter(Router):
+    """The P/D proxy, as vLLM's P/D proxy behind llm-d's pd-profile-handler: when a request
+    arrives it picks the decode instance first (this router's policy over the decode pool),
+    then asks llm-d's prefix-based decider (``non_cached_tokens``) whether to run a prefill
+    instance at all; if so it picks one (``prefill_router`` over the prefill pool) and sends it
+    the request with ``max_tokens = 1`` and ``do_remote_decode``. When that finishes, the
+    request goes to its decode instance with the ``kv_transfer_params`` the prefill's output
+    carried. A request the decider keeps from the prefill pool goes to its decode instance
+    alone. The decode instance counts a request in prefill as outstanding (the proxy knows
+    its own dispatches)."""
+
+    def __init__(self, cfg: ClusterCfg, prefill: list[Replica], decode: list[Replica],
+                 requests: list[Request], seed: int):
+        super().__init__(cfg, list(decode), requests, seed)
+        self.prefill = Router(replace(cfg, router=cfg.prefill_router), list(prefill), [],
+                              seed + 1)
+        self.threshold = cfg.non_cached_tokens
+        # The engines' network, once the clock exists (P/D instances are one engine each:
+        # a replica's index is its engine's).
+        self.net: PDNetwork | None = None
+        self.in_prefill: dict[tuple[int, str], tuple[Request, Replica]] = {}
+        self.expected: dict[int, int] = {}  # decode replica -> requests still in prefill
+
+    def dispatch(self, req: Request) -> None:
+        drep = self.choose(req)
+        assert isinstance(drep, Replica)
+        drep.reserve(req)
+        if not self._disaggregate(req, drep):
+            drep.deliver(req)
+            return
+        prep = self.prefill.choose(req)
+        shadow = Request(RequestSpec(req.req_id, req.arrival_s, req.prompt, 1, req.priority,
+                                     None, req.session_id), req.seq)
+        shadow.kv_transfer_params = KVTransferParams(do_remote_decode=True)
+        req.prefill_replica = prep.index
+        self.in_prefill[(prep.index, req.req_id)] = (req, drep)
+        self.expected[drep.index] = self.expected.get(drep.index, 0) + 1
+        prep.receive(shadow)
+
+    def _disaggregate(self, req: Request, drep: Replica) -> bool:
+        """llm-d's prefix-based-pd-decider: a prefill instance unless the prompt, or its part
+        the decode instance has not cached, is shorter than ``non_cached_tokens``."""
+        n = self.threshold
+        if n <= 0:
+            return True
+        return req.num_prompt_tokens >= n and req.num_prompt_tokens - drep.cached_tokens(req) >= n
+
+    def finished(self, replica: Replica, reqs: list[Request], now: float) -> None:
+        assert self.net is not None
+        for shadow in reqs:
+            entry = self.in_prefill.pop((replica.index, shadow.req_id), None)
+            if entry is None:
+                continue  # a decode instance's request
+            req, drep = entry
+            req.kv_transfer_params = shadow.kv_transfer_output
+            req.prefill_cached_tokens = shadow.cached_tokens
+            req.prefill_done_s = now
+            self.expected[drep.index] -= 1
+            drep.deliver(req)
+            self.net.wakers[drep.index].wake()
+
+    def until_next(self, env: simpy.Environment, replica: Replica) -> simpy.Event | None:
+        """The next arrival, or a request in prefill for this decode instance."""
+        events: list = []
+        if (t := self.next_arrival_s()) is not None:
+            events.append(env.timeout(t - env.now))
+        if self.expected.get(replica.index):
+            assert self.net is not None
+            events.append(self.net.wakers[replica.index].wait())
+        return any_of(env, events)
+
+
 class RoutedArrivals:
     """A replica's arrival source (``engine.Arrivals``' interface): what the router gave it
     (a P/D cluster's router: ``kvsim.pd.PDRouter``)."""
 
     __slots__ = ("router", "replica")
 
-    def __init__(self, router: Router | PDRouter, replica: Replica):
+    def __init__(self, router: Router, replica: Replica):
         self.router = router
         self.replica = replica
 
@@ -227,14 +310,10 @@ class RoutedArrivals:
         return self.router.next_arrival_s()
 
     def until_next(self, env) -> simpy.Event | None:
-        if isinstance(self.router, PDRouter):  # or a request its prefill instance hands over
-            return self.router.until_next(env, self.replica)
-        t = self.router.next_arrival_s()
-        return None if t is None else env.timeout(t - env.now)
+        return self.router.until_next(env, self.replica)
 
     def finished(self, reqs: list[Request], now: float) -> None:
-        if isinstance(self.router, PDRouter):
-            self.router.finished(self.replica, reqs, now)
+        self.router.finished(self.replica, reqs, now)
 
 
 def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None,
@@ -262,14 +341,14 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
                                    kv_transfer_link="", kv_transfer_bandwidth_bytes_per_s=0.0,
                                    kv_transfer_latency_s=0.0)  # (no P/D)
     recs = [Records(requests=rep.requests, replica=rep.index, dp_rank=rep.dp_rank) for rep in engines]
-    router: Router | PDRouter
+    router: Router
     transfers = None
     if cfg.disaggregated:
         prefill, decode = pd_pools(cfg)
-        router = pd_router = PDRouter(
-            Router(cfg, [replicas[i] for i in decode], [], sc.run.seed),
-            Router(replace(cfg, router=cfg.prefill_router), [replicas[i] for i in prefill], [],
-                   sc.run.seed + 1), cfg.non_cached_tokens, requests)
+        pool = [r for r in replicas if isinstance(r, Replica)]
+        assert len(pool) == len(replicas)  # (config refuses data parallel in a P/D instance)
+        router = pd_router = PDRouter(cfg, [pool[i] for i in prefill], [pool[i] for i in decode],
+                                      requests, sc.run.seed)
 
         def transfers(env):
             net = pd_router.net = PDNetwork([Waker(env) for _ in engines],

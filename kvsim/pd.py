@@ -1,14 +1,7 @@
-"""Prefill/decode disaggregation in time: the proxy that sends each request through a prefill
-and a decode instance, and NIXL's reads between them over the instance-to-instance link.
-
-The proxy (``PDRouter``) works as vLLM's P/D proxy behind llm-d's pd-profile-handler: when a
-request arrives it picks the decode instance first (``[cluster] router`` over the decode
-pool), then asks llm-d's prefix-based decider (``non_cached_tokens``) whether to run a
-prefill instance at all; if so it picks one (``prefill_router`` over the prefill pool) and
-sends it the request with ``max_tokens = 1`` and ``do_remote_decode``. When that finishes,
-the proxy sends the request to the decode instance with the ``kv_transfer_params`` the
-prefill's output carried (``kvsim.kv.nixl`` holds the connector's rules on both sides). A
-request the decider keeps from the prefill pool goes to its decode instance alone.
+"""Prefill/decode disaggregation in time: NIXL's reads between a P/D cluster's instances over
+the instance-to-instance link, and the wake-ups that tie the instances' engine loops (the
+proxy that routes through both pools is ``kvsim.cluster.PDRouter``; the connector's rules on
+both sides are ``kvsim.kv.nixl``).
 
 The reads (``PDTransfers``, one per engine): a decode instance's worker starts the reads its
 step hands it at the step's start (``start_load_kv``); each of its tensor-parallel ranks
@@ -29,17 +22,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import simpy
 
 from kvsim.kv.connector import ConnectorOutput, RecvJob
-from kvsim.request import KVTransferParams, Request, RequestSpec
 from kvsim.sched import PrefixCacheStats
 from kvsim.schema import ClusterCfg
-
-if TYPE_CHECKING:
-    from kvsim.cluster import Replica, Router
 
 
 class Waker:
@@ -74,7 +62,8 @@ class PDNetwork:
         self.wakers[engine].wake()
 
 
-def _any(env: simpy.Environment, events: list) -> simpy.Event | None:
+def any_of(env: simpy.Environment, events: list) -> simpy.Event | None:
+    """The first of ``events`` to fire (None: there is none to wait for)."""
     if not events:
         return None
     return events[0] if len(events) == 1 else env.any_of(events)
@@ -154,7 +143,7 @@ class PDTransfers:
             times.append(t)
         events: list = [env.timeout(max(0.0, min(times) - now))] if times else []
         events.append(self.net.wakers[self.index].wait())
-        return _any(env, events)
+        return any_of(env, events)
 
     def report(self) -> None:
         x = self.xfer_time_s
@@ -165,79 +154,6 @@ class PDTransfers:
             "nixl_xfer_time_seconds_sum": sum(x)}
         if self.consumer:
             self.rec.kv_transfer["nixl_xfer_time_seconds"] = sorted(x)
-
-
-class PDRouter:
-    """The P/D proxy (``RoutedArrivals``' router): a request goes to a decode instance (via a
-    prefill instance unless the decider says otherwise) when it arrives."""
-
-    def __init__(self, decode: Router, prefill: Router, non_cached_tokens: int,
-                 requests: list[Request]):
-        self.decode = decode  # over the decode pool
-        self.prefill = prefill  # over the prefill pool
-        self.threshold = non_cached_tokens
-        self._reqs = requests
-        self._next = 0
-        # The engines' network, once the clock exists (P/D instances are one engine each:
-        # a replica's index is its engine's).
-        self.net: PDNetwork | None = None
-        self.in_prefill: dict[tuple[int, str], tuple[Request, Replica]] = {}
-        self.expected: dict[int, int] = {}  # decode replica -> requests still in prefill
-
-    def next_arrival_s(self) -> float | None:
-        return self._reqs[self._next].arrival_s if self._next < len(self._reqs) else None
-
-    def route_until(self, now: float) -> None:
-        reqs = self._reqs
-        while self._next < len(reqs) and reqs[self._next].arrival_s <= now:
-            req = reqs[self._next]
-            self._next += 1
-            drep = self.decode.choose(req)
-            drep.reserve(req)
-            if not self._disaggregate(req, drep):
-                drep.deliver(req)
-                continue
-            prep = self.prefill.choose(req)
-            shadow = Request(RequestSpec(req.req_id, req.arrival_s, req.prompt, 1, req.priority,
-                                         None, req.session_id), req.seq)
-            shadow.kv_transfer_params = KVTransferParams(do_remote_decode=True)
-            req.prefill_replica = prep.index
-            self.in_prefill[(prep.index, req.req_id)] = (req, drep)
-            self.expected[drep.index] = self.expected.get(drep.index, 0) + 1
-            prep.receive(shadow)
-
-    def _disaggregate(self, req: Request, drep: Replica) -> bool:
-        """llm-d's prefix-based-pd-decider: a prefill instance unless the prompt, or its part
-        the decode instance has not cached, is shorter than ``non_cached_tokens``."""
-        n = self.threshold
-        if n <= 0:
-            return True
-        return req.num_prompt_tokens >= n and req.num_prompt_tokens - drep.cached_tokens(req) >= n
-
-    def finished(self, replica: Replica, reqs: list[Request], now: float) -> None:
-        """``replica`` finished ``reqs``: a prefill instance's go on to their decode instance
-        with the params the prefill's output carried."""
-        assert self.net is not None
-        for shadow in reqs:
-            entry = self.in_prefill.pop((replica.index, shadow.req_id), None)
-            if entry is None:
-                continue  # a decode instance's request
-            req, drep = entry
-            req.kv_transfer_params = shadow.kv_transfer_output
-            req.prefill_cached_tokens = shadow.cached_tokens
-            req.prefill_done_s = now
-            self.expected[drep.index] -= 1
-            drep.deliver(req)
-            self.net.wakers[drep.index].wake()
-
-    def until_next(self, env: simpy.Environment, replica: Replica) -> simpy.Event | None:
-        events: list = []
-        if (t := self.next_arrival_s()) is not None:
-            events.append(env.timeout(t - env.now))
-        if self.expected.get(replica.index):
-            assert self.net is not None
-            events.append(self.net.wakers[replica.index].wait())
-        return _any(env, events)
 
 
 def pd_pools(cfg: ClusterCfg) -> tuple[list[int], list[int]]:

@@ -50,7 +50,6 @@ output: "remote_num_tokens" must equal the prefill's computed tokens.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import sys
 
@@ -331,20 +330,5 @@ def _drive_safe(scenario: dict) -> dict:
                 "exception": type(exc).__name__}
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print(f"usage: {argv[0]} IN.json OUT.json", file=sys.stderr)
-        return 2
-    with open(argv[1]) as f:
-        data = json.load(f)
-    result = [_drive_safe(s) for s in data] if isinstance(data, list) else _drive_safe(data)
-    failed = any("error" in r for r in (result if isinstance(result, list) else [result]))
-    tmp = argv[2] + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-    os.replace(tmp, argv[2])
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(vd.main(sys.argv, _drive_safe))

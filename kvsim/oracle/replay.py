@@ -173,15 +173,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
                 continue
         elif not queue:
             break
-        plan, rec, kv_out = queue.pop()
-        first, finished = sched.update_from_output(plan, _accept, kv_out)
-        if rec is not None:
-            for r in first:
-                r.first_token_step = rec["step"]
-            for r in finished:
-                r.finish_step = rec["step"]
-            rec["num_free_blocks"] = sched.kv.pool.num_free_blocks
-        done += len(finished)
+        done += len(_apply(sched, *queue.pop()))
         if check_invariants:
             sched.check_invariants()
     out: dict[str, Any] = {
@@ -199,6 +191,19 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
                 r.external_cached_tokens if r.cached_tokens is not None else None)
         out["totals"] = external.external_counters()
     return out
+
+
+def _apply(sched: Scheduler, plan, rec: dict | None, kv_out) -> list[Request]:
+    """A batch's outputs applied (``update_from_output``) and recorded; the requests it
+    finished."""
+    first, finished = sched.update_from_output(plan, _accept, kv_out)
+    if rec is not None:
+        for r in first:
+            r.first_token_step = rec["step"]
+        for r in finished:
+            r.finish_step = rec["step"]
+        rec["num_free_blocks"] = sched.kv.pool.num_free_blocks
+    return finished
 
 
 def _record(sched: Scheduler, plan, step: int, planned: dict[str, int]) -> dict:
@@ -316,14 +321,7 @@ class _PDSide:
                 return []
         elif not self.queue:
             return []
-        plan, rec, kv_out = self.queue.pop()
-        first, finished = sched.update_from_output(plan, _accept, kv_out)
-        if rec is not None:
-            for r in first:
-                r.first_token_step = rec["step"]
-            for r in finished:
-                r.finish_step = rec["step"]
-            rec["num_free_blocks"] = sched.kv.pool.num_free_blocks
+        finished = _apply(sched, *self.queue.pop())
         if check_invariants:
             sched.check_invariants()
         return finished

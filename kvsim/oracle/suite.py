@@ -65,6 +65,19 @@ STALL = re.compile(r"stall at step (\d+)")
 PD_DRIVER = DRIVER.with_name("pd_driver.py")
 
 
+def _run_driver(python: Path, driver: Path, scenarios: list[dict], version: str) -> list[dict]:
+    """One oracle process over ``scenarios``: its results, one each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        inp.write_text(json.dumps(scenarios))
+        subprocess.run([str(python), str(driver), str(inp), str(out)], capture_output=True)
+        results = json.loads(out.read_text()) if out.exists() else []
+    if len(results) != len(scenarios):
+        raise ConfigError("oracle", f"vLLM {version}'s {driver.name} returned {len(results)} "
+                          f"results for {len(scenarios)} scenarios")
+    return results
+
+
 def run_version(version: str, count: int, first_seed: int, python: Path,
                 max_calls: int, only: set[str] | None = None) -> tuple[int, int, int, int, list[str]]:
     """Returns (compared, of which ending in the release's own stall, mismatching, refused or
@@ -88,15 +101,8 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
         cases.append((seed, (spec, hybrid, is_async, offload), sc))
     if not cases:
         return 0, 0, 0, 0, []
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        inp.write_text(json.dumps([{**to_driver(sc), "max_schedule_calls": max_calls}
-                                   for _, _, sc in cases]))
-        subprocess.run([str(python), str(DRIVER), str(inp), str(out)], capture_output=True)
-        results = json.loads(out.read_text()) if out.exists() else []
-    if len(results) != len(cases):
-        raise ConfigError("oracle", f"vLLM {version}'s driver returned {len(results)} results "
-                          f"for {len(cases)} scenarios")
+    results = _run_driver(python, DRIVER, [{**to_driver(sc), "max_schedule_calls": max_calls}
+                                           for _, _, sc in cases], version)
     compared = stalls = bad = refused = 0
     reports: list[str] = []
     for (seed, mix, sc), res in zip(cases, results):
@@ -148,14 +154,7 @@ def run_version_pd(version: str, count: int, first_seed: int, python: Path,
         cases.append((seed, (spec, is_async), sc))
     if not cases:
         return 0, 0, 0, 0, []
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        inp.write_text(json.dumps([pd_to_driver(sc) for _, _, sc in cases]))
-        subprocess.run([str(python), str(PD_DRIVER), str(inp), str(out)], capture_output=True)
-        results = json.loads(out.read_text()) if out.exists() else []
-    if len(results) != len(cases):
-        raise ConfigError("oracle", f"vLLM {version}'s P/D driver returned {len(results)} "
-                          f"results for {len(cases)} scenarios")
+    results = _run_driver(python, PD_DRIVER, [pd_to_driver(sc) for _, _, sc in cases], version)
     compared = stalls = bad = refused = 0
     reports: list[str] = []
     for (seed, mix, sc), res in zip(cases, results):

@@ -1590,17 +1590,20 @@ def _drive_safe(scenario: dict) -> dict:
         }
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], drive_safe=None) -> int:
+    """IN.json (a scenario or a list) to OUT.json through ``drive_safe`` (this driver's, or
+    pd_driver.py's)."""
+    drive_safe = drive_safe or _drive_safe
     if len(argv) != 3:
         print(f"usage: {argv[0]} IN.json OUT.json", file=sys.stderr)
         return 2
     with open(argv[1]) as f:
         data = json.load(f)
     if isinstance(data, list):
-        result = [_drive_safe(s) for s in data]
+        result = [drive_safe(s) for s in data]
         failed = any("error" in r for r in result)
     else:
-        result = _drive_safe(data)
+        result = drive_safe(data)
         failed = "error" in result
     tmp = argv[2] + ".tmp"
     with open(tmp, "w") as f:
