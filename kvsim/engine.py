@@ -202,7 +202,8 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
     cluster's, ``kvsim.pd``); an engine whose entry is None, or every engine without it,
     times its connector itself (an offload tier: ``Transfers``). An engine left waiting on
     another that can no longer run (a P/D prefill instance holding blocks for a decode
-    instance that deadlocked) ends as stopped by "stall" when the clock runs out of events.
+    instance that stopped) ends, when the clock runs out of events, as stopped by that
+    instance's run limit, or by "stall" if it deadlocked.
 
     A lone engine fed by ``Arrivals`` keeps its steadily decoding requests lazily
     (``kvsim.fastforward``) and trims its interned block hashes; replicas behind a router
@@ -225,9 +226,13 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
             env, sc, sched, cost, tally, rec, arrivals, check_invariants, progress,
             results if alone else None, alone, link, xfer)), rec, xfer))
     env.run()
+    # An engine still waiting for an event nothing will trigger: another one it depends on
+    # stopped, at a run limit (that limit stops it too) or in a deadlock.
+    cause = next((r.stopped_by for _, r, _ in loops if r.stopped_by not in (None, "stall")),
+                 "stall")
     for proc, rec, xfer in loops:
-        if proc.is_alive:  # waiting for an event nothing will trigger
-            rec.stopped_by = rec.stopped_by or "stall"
+        if proc.is_alive:
+            rec.stopped_by = rec.stopped_by or cause
             xfer.report()
             rec.end_s = env.now
     for (sc, _, _, rec), tally in zip(engines, tallies):

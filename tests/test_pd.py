@@ -128,11 +128,12 @@ def _pd_scenario(requests, cluster=None, prefill=1, decode=1, **engine):
         "run": {"seed": 0}}
 
 
-def _run(tmp_path, requests, **kw):
+def _run(tmp_path, requests, limits=None, **kw):
     lines, raw = _pd_scenario(requests, **kw)
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
     raw["workload"] = {"kind": "trace", "path": str(trace), "format": "mooncake"}
+    raw["run"].update(limits or {})
     sc = parse_scenario(raw, tmp_path / "s.toml")
     return sc, run(sc, list(iter_requests(sc)), check_invariants=True)
 
@@ -221,3 +222,13 @@ def test_bad_pd_settings_name_the_key(tmp_path, change, where):
     with pytest.raises(ConfigError) as e:
         parse_scenario(raw, tmp_path / "s.toml")
     assert e.value.where.split(": ")[-1].endswith(where), e.value.where
+
+
+def test_a_run_limit_stops_the_prefill_instance_waiting_on_a_stopped_decode_instance(tmp_path):
+    # The decode instance stops at run.max_steps (20 steps, within the first seconds) while
+    # requests still arrive, one a second; the prefill instance, holding their blocks for
+    # reads that never come, stops by the same limit, not as a deadlock.
+    sc, rec = _run(tmp_path, [(i * 1000, 1024, 64, [1, 2 + i]) for i in range(6)],
+                   limits={"max_steps": 20})
+    assert [r.stopped_by for r in rec.replicas] == ["max_steps", "max_steps"]
+    assert summarize(sc, rec)["stopped_by"] == "max_steps"
