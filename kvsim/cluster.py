@@ -386,7 +386,8 @@ def _start_group(env, group: DPGroup, sc: Scenario, engines: list[Replica], cost
     moe = sc.dp_lockstep
     ranks = [dp.Rank(r.dp_rank or 0, r.sched) for r in group.ranks]
     left: set[int] = set()
-    coordinator = dp.Coordinator(env, ranks, rules, moe, done=lambda: len(left) == len(ranks))
+    coordinator = dp.Coordinator(env, ranks, rules, moe, done=lambda: len(left) == len(ranks),
+                                 until=sc.run.max_sim_time_s)
     group.balancer = dp.Balancer(coordinator, rules, sc.engine.api_server_count)
     first = engines.index(group.ranks[0])
     lockstep = None

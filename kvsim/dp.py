@@ -66,8 +66,10 @@ class Rank:
 class Coordinator:
     """The DP coordinator's published counts: every publish as (time, per-rank counts)."""
 
-    def __init__(self, env, ranks: list[Rank], rules: DPRules, moe: bool, done):
+    def __init__(self, env, ranks: list[Rank], rules: DPRules, moe: bool, done,
+                 until: float | None = None):
         self.env, self.ranks, self.done = env, ranks, done
+        self.until = until  # the run's time limit: nothing published after it is read
         self.reports = moe or rules.dense_ranks_publish
         self.kv_in_counts = rules.score == "inflight"
         self.min_timeout = MOE_MIN_TIMEOUT_S if moe else 0.0
@@ -92,7 +94,7 @@ class Coordinator:
         """The coordinator's loop (a SimPy process) until every rank is done."""
         env, last = self.env, 0.0
         self._publish()
-        while not self.done():
+        while not self.done() and (self.until is None or env.now < self.until):
             wait = PUBLISH_INTERVAL_S if self._changed else REPEAT_INTERVAL_S
             timeout = env.timeout(max(self.min_timeout, last + wait - env.now))
             yield timeout | self._wake
@@ -105,6 +107,8 @@ class Coordinator:
     def _publish(self) -> None:
         counts = [[float(w), float(r), kv] if self.kv_in_counts else [float(w), float(r)]
                   for w, r, kv in (rank.counts for rank in self.ranks)]
+        if self.history and self.history[-1][1] == counts:
+            counts = self.history[-1][1]  # a repeat: the same counts, held once (read only)
         self.history.append((self.env.now, counts))
         self._changed = False
 

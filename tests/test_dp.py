@@ -255,3 +255,19 @@ def test_cluster_replicas_are_dp_groups(tmp_path):
     # first token to its last.
     values, weights, _ = plots.inter_token_latencies(run)
     assert float((values * weights).sum()) == pytest.approx(float((req["e2e_s"] - req["ttft_s"]).sum()))
+
+
+def test_the_coordinator_stops_at_the_runs_time_limit_and_holds_a_repeat_once():
+    # Nothing changes: vLLM's coordinator republishes the same counts every 5 s
+    # (REPEAT_INTERVAL_S). Under run.max_sim_time_s = 12 it publishes at 0, 5, 10 and, its
+    # wait begun before the limit, 15, then stops, even while an engine step runs far past the
+    # limit (a bad-input case: 1,024 ranks and a 10^7 s step made 2 million publishes of 1,024
+    # counts before); the repeats share the first publish's counts.
+    env = simpy.Environment()
+    ranks = [dp.Rank(i, None) for i in range(3)]
+    coordinator = dp.Coordinator(env, ranks, VERSIONS["0.33.0"].dp, moe=True,
+                                 done=lambda: False, until=12.0)
+    env.process(coordinator.run())
+    env.run(until=1e7)
+    assert [t for t, _ in coordinator.history] == [0.0, 5.0, 10.0, 15.0]
+    assert all(c is coordinator.history[0][1] for _, c in coordinator.history)
