@@ -21,7 +21,7 @@ from kvsim.kv.nixl import NixlConnector, PDParams, check_pd, prefill_backoff
 from kvsim.kv.offload import OffloadingConnector, OffloadParams, check_offload
 from kvsim.kv.pool import BlockPool
 from kvsim.sched import Scheduler, SchedulerParams
-from kvsim.schema import PD_ONLY_EXTRA, Scenario
+from kvsim.schema import Scenario
 from kvsim.semantics import Semantics
 from kvsim.specdec import Acceptance, Drafting, SpecSetup, derive_spec
 
@@ -44,9 +44,7 @@ def build_scheduler(sc: Scenario, engine_index: int = 0) -> Scheduler:
                               kv_groups=list(e.kv_groups or ()),
                               retention_interval=e.retention_interval, offload=e.offload,
                               kv_transfer=None if e.kv_role == "kv_both" else PDParams(
-                                  e.kv_role, engine_index,
-                                  **{k: v for k, v in (e.kv_connector_extra_config or {}).items()
-                                     if k in PD_ONLY_EXTRA}))
+                                  e.kv_role, engine_index))
 
 
 def spec_setup(sc: Scenario) -> SpecSetup:

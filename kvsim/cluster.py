@@ -289,7 +289,7 @@ class PDRouter(Router):
 
 class RoutedArrivals:
     """A replica's arrival source (``engine.Arrivals``' interface): what the router gave it
-    (a P/D cluster's router: ``kvsim.pd.PDRouter``)."""
+    (a P/D cluster's router: ``PDRouter``)."""
 
     __slots__ = ("router", "replica")
 
@@ -354,8 +354,7 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
             net = pd_router.net = PDNetwork([Waker(env) for _ in engines],
                                             [{} for _ in engines])
             return [PDTransfers(i, net, rec, s.engine.kv_block_bytes,
-                                cfg.kv_transfer_bandwidth_bytes_per_s, cfg.kv_transfer_latency_s,
-                                s.engine.kv_role == "kv_consumer")
+                                cfg.kv_transfer_bandwidth_bytes_per_s, cfg.kv_transfer_latency_s)
                     for i, (rec, s) in enumerate(zip(recs, scenarios))]
     else:
         router = Router(cfg, replicas, requests, sc.run.seed)

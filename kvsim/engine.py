@@ -265,8 +265,8 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     # asynchronous scheduling a queue of two batches lets step N + 1 be scheduled while step N
     # executes (its outputs are applied after), and the queue fills first (0.19/0.22 only
     # schedule the second batch once the first has executed, unless the first is empty),
-    # which kvsim, like its oracle driver, takes as never: the device is busy).
-    queue_size = 2 if sched.params.async_scheduling else 1
+    # which kvsim, like its oracle driver, takes as never: the device is busy):
+    # Scheduler.schedules_ahead.
     queue: deque = deque()  # (plan, step index or None), newest first
     step = num_finished = 0
     last_step_s = 0.0
@@ -309,8 +309,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             if executed:
                 index, step = step, step + 1
             queue.appendleft((plan, index))
-            if len(queue) < queue_size and (executed or (
-                    sched.has_requests and not sched.sem.batch_queue_fill_requires_execution)):
+            if sched.schedules_ahead(len(queue), executed):
                 continue
         elif not queue:
             if lockstep is not None and lockstep.running():  # the wave runs: a dummy batch
@@ -400,16 +399,13 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 results.request(r)
 
 
-class Transfers:
-    """An engine's KV-connector transfers in time: the worker's copies over the host link
-    (``TimedWorker``) and vLLM's counters, written to the records at the end
-    (``Records.kv_offload``)."""
+class ConnectorTimes:
+    """What an engine's KV-connector transfers in time share, whatever the connector: vLLM's
+    connector prefix-cache stats of each schedule() (``external_prefix_cache_*``), and
+    whether planned steps still hand the worker something. Subclasses: ``Transfers`` (an
+    offload tier), ``kvsim.pd.PDTransfers`` (a P/D instance)."""
 
-    def __init__(self, sc: Scenario, rec: Records):
-        hw = sc.hardware
-        assert hw.host_link_bandwidth_bytes_per_s is not None  # config requires it with a tier
-        self.worker = TimedWorker(sc.engine.kv_block_bytes, hw.host_link_bandwidth_bytes_per_s,
-                                  hw.host_link_latency_s)
+    def __init__(self, rec: Records):
         self.rec = rec
         self.external = PrefixCacheStats()
 
@@ -417,10 +413,26 @@ class Transfers:
         """vLLM's connector prefix-cache stats of one schedule()."""
         self.external.add(plan.external_prefix_cache)
 
+    @staticmethod
+    def hand_over(plans) -> bool:
+        return any(p.connector_meta is not None and p.connector_meta.hands_over for p in plans)
+
+
+class Transfers(ConnectorTimes):
+    """An engine's KV-connector transfers in time: the worker's copies over the host link
+    (``TimedWorker``) and vLLM's counters, written to the records at the end
+    (``Records.kv_offload``)."""
+
+    def __init__(self, sc: Scenario, rec: Records):
+        super().__init__(rec)
+        hw = sc.hardware
+        assert hw.host_link_bandwidth_bytes_per_s is not None  # config requires it with a tier
+        self.worker = TimedWorker(sc.engine.kv_block_bytes, hw.host_link_bandwidth_bytes_per_s,
+                                  hw.host_link_latency_s)
+
     def pending(self, *plans) -> bool:
         """Whether transfers are in flight or planned steps still hand some over."""
-        return self.worker.busy or any(
-            p.connector_meta is not None and p.connector_meta.hands_over for p in plans)
+        return self.worker.busy or self.hand_over(plans)
 
     def begin(self, plan, now: float) -> float:
         """Submit the step's transfers; when it can start."""

@@ -379,9 +379,11 @@ def _pd_summary(sc: Scenario, rec: Records, per: list[dict]) -> dict:
     prefill pool, the handover, and the decode side's NIXL counters under vLLM's names."""
     c, engines = sc.cluster, rec.replicas
     assert c is not None and engines is not None
+    # (P/D instances are one engine each: an engine's index is its replica's.)
+    roles = [c.engines[r.replica].kv_role for r in engines]
 
     def pool(role: str) -> dict:
-        mine = [i for i, r in enumerate(engines) if r.kv_transfer and r.kv_transfer["kv_role"] == role]
+        mine = [i for i, r in enumerate(roles) if r == role]
         reps = [per[i] for i in mine]
         recs = [engines[i] for i in mine]
         queries = sum(s["prefix_cache_queries"] for s in reps)
@@ -397,8 +399,8 @@ def _pd_summary(sc: Scenario, rec: Records, per: list[dict]) -> dict:
                 "kv_usage_mean": (float(np.mean([s["kv_usage"]["mean"] for s in reps]))
                                   if reps else 0.0)}
 
-    consumers = [r.kv_transfer for r in engines
-                 if r.kv_transfer and r.kv_transfer["kv_role"] == "kv_consumer"]
+    consumers = [r.kv_transfer for r, role in zip(engines, roles)
+                 if r.kv_transfer is not None and role == "kv_consumer"]
     times = [t for x in consumers for t in x["nixl_xfer_time_seconds"]]
     q = sum(x["external_prefix_cache_queries"] for x in consumers)
     h = sum(x["external_prefix_cache_hits"] for x in consumers)

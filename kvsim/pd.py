@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from kvsim.engine import ConnectorTimes
 from kvsim.kv.connector import ConnectorOutput, RecvJob
-from kvsim.sched import PrefixCacheStats
 from kvsim.schema import ClusterCfg
 
 
@@ -69,32 +69,26 @@ def any_of(env: simpy.Environment, events: list) -> simpy.Event | None:
     return events[0] if len(events) == 1 else env.any_of(events)
 
 
-class PDTransfers:
+class PDTransfers(ConnectorTimes):
     """One P/D instance's NIXL worker in time (``kvsim.engine.Transfers``' interface) and its
     counters under vLLM's names (``vllm:nixl_*``), written to ``Records.kv_transfer``."""
 
     def __init__(self, index: int, net: PDNetwork, rec, block_bytes: int, bandwidth: float,
-                 latency: float, consumer: bool):
+                 latency: float):
+        super().__init__(rec)
         self.index = index
         self.net = net
-        self.rec = rec
         self.block_bytes = block_bytes
         self.bandwidth = bandwidth
         self.latency = latency
-        self.consumer = consumer
-        self.external = PrefixCacheStats()
         self.reads: dict[str, tuple[float, RecvJob]] = {}  # decode: in flight
         self.free_at = 0.0  # decode: when its link is free
         self.to_send: set[str] = set()  # prefill: finished, blocks held until read
         self.xfer_time_s: list[float] = []
         self.bytes = 0
 
-    def planned(self, plan) -> None:
-        self.external.add(plan.external_prefix_cache)
-
     def pending(self, *plans) -> bool:
-        return bool(self.reads or self.to_send) or any(
-            p.connector_meta is not None and p.connector_meta.hands_over for p in plans)
+        return bool(self.reads or self.to_send) or self.hand_over(plans)
 
     def begin(self, plan, now: float) -> float:
         meta = plan.connector_meta
@@ -146,14 +140,10 @@ class PDTransfers:
         return any_of(env, events)
 
     def report(self) -> None:
-        x = self.xfer_time_s
-        self.rec.kv_transfer = {
-            "kv_role": "kv_consumer" if self.consumer else "kv_producer",
-            **self.external.external_counters(),
-            "nixl_num_transfers": len(x), "nixl_bytes_transferred": self.bytes,
-            "nixl_xfer_time_seconds_sum": sum(x)}
-        if self.consumer:
-            self.rec.kv_transfer["nixl_xfer_time_seconds"] = sorted(x)
+        """The decode side's reads (a prefill side posts none): their bytes and times."""
+        self.rec.kv_transfer = {**self.external.external_counters(),
+                                "nixl_bytes_transferred": self.bytes,
+                                "nixl_xfer_time_seconds": sorted(self.xfer_time_s)}
 
 
 def pd_pools(cfg: ClusterCfg) -> tuple[list[int], list[int]]:

@@ -120,17 +120,15 @@ class KVTransferParams:
 
     The proxy sends the prefill side ``do_remote_decode``; the prefill side's
     ``request_finished`` returns the decode side's: ``do_remote_prefill`` with the remote
-    request's engine (an engine index here, vLLM's ``remote_engine_id``), id, blocks
-    (``remote_num_blocks``: how many) and ``remote_num_tokens``."""
+    request's engine (an engine index here, vLLM's ``remote_engine_id``), id and blocks
+    (``remote_num_blocks``: how many)."""
 
     do_remote_decode: bool = False
     do_remote_prefill: bool = False
     remote_engine: int | None = None
     remote_request_id: str | None = None
     remote_num_blocks: int = 0  # len(remote_block_ids)
-    remote_num_tokens: int = 0
     p_side_truncated: bool = False  # vLLM's _p_side_truncated
-    remote_blocks_processed: bool = False  # vLLM's _remote_blocks_processed
 
 
 @dataclass(frozen=True, slots=True)

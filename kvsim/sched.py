@@ -279,6 +279,15 @@ class Scheduler:
         return bool(self.num_unfinished or self.finished_since or self.sending
                     or (self.connector is not None and self.connector.has_pending_work()))
 
+    def schedules_ahead(self, queued: int, executed: bool) -> bool:
+        """vLLM's EngineCore batch queue (two batches with asynchronous scheduling, else
+        one): with ``queued`` batches in flight, the newest of which ``executed`` or not,
+        whether the next batch is scheduled before the oldest one's outputs are processed
+        (0.32+: the queue always fills first; 0.19/0.22: only after a batch that executed,
+        the oldest taken as still running, as the oracle driver takes it)."""
+        return queued < (2 if self.params.async_scheduling else 1) and (executed or (
+            self.has_requests and not self.sem.batch_queue_fill_requires_execution))
+
     # -- schedule ------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:

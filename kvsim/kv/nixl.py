@@ -15,16 +15,16 @@ its blocks until the read finishes (``finished_recving``), then recomputes what 
 did not cover (at least the last token). A full local hit reads nothing; the remote blocks
 are freed by a notification alone.
 
-``kv_recompute_threshold`` is read as vLLM reads it, but in these releases it gates only
-the bidirectional read-back (``do_remote_decode`` with remote blocks, off by default), which
-kvsim does not model: it changes nothing here, and the referee checks that too.
-Pure Python, no SimPy.
+``kv_recompute_threshold`` (``kv_connector_extra_config``) gates only the bidirectional
+read-back in these releases (a prefill-bound request that carries remote blocks, off by
+default), which kvsim does not model: the connector has no use for it, and the referee,
+which sets it on vLLM's side, checks that it changes nothing. Pure Python, no SimPy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, RecvJob, StepView
@@ -32,18 +32,15 @@ from kvsim.request import KVTransferParams, Request
 from kvsim.semantics import VERSIONS, Semantics
 
 KVRole = Literal["kv_producer", "kv_consumer"]
-KV_ROLES: tuple[KVRole, ...] = get_args(KVRole)
 
 
 @dataclass(frozen=True, slots=True)
 class PDParams:
-    """One engine's place in a P/D deployment: its ``kv_role``, its index among the
-    cluster's engines (vLLM's ``engine_id``) and ``kv_connector_extra_config``'s
-    ``kv_recompute_threshold``."""
+    """One engine's place in a P/D deployment: its ``kv_role`` and its index among the
+    cluster's engines (vLLM's ``engine_id``)."""
 
     kv_role: KVRole
     engine: int = 0
-    kv_recompute_threshold: int = 64
 
 
 def check_pd(where: str, sem: Semantics, hybrid: bool) -> None:
@@ -57,11 +54,11 @@ def check_pd(where: str, sem: Semantics, hybrid: bool) -> None:
                           "yet (one KV cache group is)")
 
 
-def prefill_backoff(num_prefill_lookahead: int, has_mamba: bool = False) -> int:
+def prefill_backoff(num_prefill_lookahead: int) -> int:
     """``_prefill_backoff()``: trailing prompt tokens the prefill side does not compute and
-    the decode side recomputes (a multi-module MTP drafter's lookahead window less one; one
-    for a Mamba model, whose state the decode side must step itself)."""
-    return max(1 if has_mamba else 0, num_prefill_lookahead - 1)
+    the decode side recomputes: a multi-module MTP drafter's lookahead window less one (vLLM
+    also backs off one token for a Mamba model, whose hybrid layout P/D refuses here)."""
+    return max(0, num_prefill_lookahead - 1)
 
 
 class NixlConnector:
@@ -72,7 +69,6 @@ class NixlConnector:
         self.engine = pd.engine
         self.block_size = block_size
         self.backoff = backoff
-        self.kv_recompute_threshold = pd.kv_recompute_threshold
         self._reqs_need_recv: dict[str, RecvJob] = {}
         self._reqs_need_send: list[str] = []
 
@@ -110,13 +106,6 @@ class NixlConnector:
             count = self._remote_prefill_token_count(req.num_prompt_tokens) - num_computed_tokens
             if count > 0:
                 return count, True
-        if params.do_remote_decode and params.remote_num_blocks and params.remote_engine is not None:
-            # The bidirectional read-back: part of the prompt is on the decode side.
-            count = min(params.remote_num_tokens, req.num_prompt_tokens) - num_computed_tokens
-            if count > 0:
-                if self.kv_recompute_threshold > 0 and count < self.kv_recompute_threshold:
-                    return 0, False
-                return count, True
         return 0, False
 
     def update_state_after_alloc(self, req: Request, block_ids: list[int], block_hashed: list[bool],
@@ -135,29 +124,21 @@ class NixlConnector:
         else:
             assert num_external_tokens == 0
         params.do_remote_prefill = False  # one transfer per request
-        params.remote_blocks_processed = True
 
     def request_finished(self, req: Request) -> tuple[bool, KVTransferParams | None]:
         """A prefill side keeps a finished request's blocks until they are read, and returns
         the decode side's params; a decode side frees at once."""
         params = req.kv_transfer_params
-        if params is None:
-            return False, None
-        if params.do_remote_prefill:  # never scheduled (aborted): only free the remote blocks
-            if params.remote_engine is not None and params.remote_request_id is not None:
-                self._reqs_need_recv[req.req_id] = RecvJob(
-                    req.req_id, params.remote_engine, params.remote_request_id, 0, False)
-            params.do_remote_prefill = False
-            return False, None
-        if not params.do_remote_decode:  # a decode side (no bidirectional transfer)
+        # (A decode-side request finishes only after its allocation cleared do_remote_prefill:
+        # kvsim aborts nothing, so vLLM's clean-up of a never-scheduled one has no case here.)
+        if params is None or not params.do_remote_decode:
             return False, None
         num_blocks = -(-req.num_computed_tokens // self.block_size)
         if num_blocks:
             self._reqs_need_send.append(req.req_id)
         return num_blocks > 0, KVTransferParams(
             do_remote_prefill=True, remote_engine=self.engine, remote_request_id=req.req_id,
-            remote_num_blocks=num_blocks,
-            remote_num_tokens=req.num_computed_tokens if num_blocks else 0)
+            remote_num_blocks=num_blocks)
 
     def build_connector_meta(self, step: StepView) -> ConnectorMeta:
         meta = ConnectorMeta(reqs_to_recv=tuple(self._reqs_need_recv.values()),
@@ -176,8 +157,7 @@ class NixlConnector:
         return []
 
     def check_invariants(self) -> None:
-        for job in self._reqs_need_recv.values():
-            assert job.num_blocks >= 0
+        pass  # it holds no blocks or keys of its own
 
 
 class StepDelayPDWorker:

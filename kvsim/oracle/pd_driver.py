@@ -57,6 +57,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import vllm_driver as vd  # noqa: E402
 
+# The totals' names of vLLM's PrefixCacheStats fields (vllm_driver.py's), in _STAT_KEYS order.
+_TOTALS = [k if k.startswith("preempted") else "prefix_cache_" + k for k in vd._STAT_KEYS]
+
 
 class _Side:
     """One engine of the pair: its scheduler, faked worker and records."""
@@ -84,11 +87,7 @@ class _Side:
         self.per_req: dict[str, dict] = {}
         self.steps: list[dict] = []
         self.totals = dict.fromkeys(
-            ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_requests",
-             "preempted_queries", "preempted_hits", "preempted_requests",
-             "external_prefix_cache_queries", "external_prefix_cache_hits",
-             "external_prefix_cache_requests", "external_preempted_queries",
-             "external_preempted_hits", "external_preempted_requests"), 0)
+            [*_TOTALS, *("external_" + name for name in _TOTALS)], 0)
         self.reads: dict[str, tuple[int, bool, str]] = {}  # decode: req -> (due, awaiting, remote)
         self.to_send: set[str] = set()  # prefill: finished requests whose blocks wait
         self.notified: set[str] = set()  # prefill: read by the decode side
@@ -170,8 +169,7 @@ class _Side:
                             or (meta is not None and (meta.reqs_to_recv or meta.reqs_to_send)))
         pst = vd._prefix_stats_dict(self.kvm.make_prefix_cache_stats())
         cst = vd._take_connector_stats(sched)
-        for k in vd._STAT_KEYS:
-            name = k if k.startswith("preempted") else "prefix_cache_" + k
+        for k, name in zip(vd._STAT_KEYS, _TOTALS):
             self.totals[name] += pst[k]
             self.totals["external_" + name] += cst[k]
         nst = dict(so.num_scheduled_tokens)
@@ -275,7 +273,7 @@ def drive(scenario: dict, max_ticks: int = 200_000) -> dict:
     by_id = {str(s["req_id"]): s for s in specs}
     pending = specs
     handover: list[tuple[str, dict | None]] = []
-    tick = 0
+    tick = done = 0
     error = None
     stall = None
     while True:
@@ -285,13 +283,10 @@ def drive(scenario: dict, max_ticks: int = 200_000) -> dict:
         for rid, params in handover:
             if params is None:
                 raise RuntimeError(f"prefill finished {rid} without kv_transfer_params")
-            pr = p.per_req[rid]
             if params.get("remote_num_tokens") != p.reqs[rid].num_computed_tokens:
                 raise RuntimeError(f"{rid}: remote_num_tokens {params.get('remote_num_tokens')}")
             d.add(by_id[rid], params, int(by_id[rid]["max_tokens"]), tick)
-            del pr  # (checked above)
         handover = []
-        done = sum(pr["finish_step"] is not None for pr in d.per_req.values())
         if (done == len(specs) and not p.sched.has_requests() and not d.sched.has_requests()
                 and not p.queue and not d.queue):
             break

@@ -75,8 +75,7 @@ def build(engine: dict, version: str) -> Scheduler:
         eviction_policy=off.get("eviction_policy", "lru"))
     kt = e.get("kv_transfer")
     pd = None if kt is None else PDParams(
-        kv_role=kt["kv_role"], engine=0 if kt["kv_role"] == "kv_producer" else 1,
-        kv_recompute_threshold=int(kt.get("kv_recompute_threshold", 64)))
+        kv_role=kt["kv_role"], engine=0 if kt["kv_role"] == "kv_producer" else 1)
     return assemble_scheduler(sem, params, spec, num_gpu_blocks=e["num_gpu_blocks"],
                               block_size=e["block_size"], enable_caching=e["enable_prefix_caching"],
                               kv_groups=groups,
@@ -130,9 +129,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         pending = [i for i in pending if join[i] > limit]
 
     # vLLM's EngineCore: with asynchronous scheduling a batch queue of two, so step N + 1 is
-    # scheduled before step N's outputs are applied (0.32+: the queue always fills first;
-    # 0.19/0.22: after a batch that executed, the oldest batch taken as still running).
-    queue_size = 2 if sched.params.async_scheduling else 1
+    # scheduled before step N's outputs are applied (Scheduler.schedules_ahead).
     queue: deque = deque()
     planned: dict[str, int] = {}  # verify steps per request, counted at schedule time
     while True:
@@ -168,8 +165,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
                 steps.append(rec)
                 step += 1
             queue.appendleft((plan, rec, kv_out))
-            if len(queue) < queue_size and (executed or (
-                    sched.has_requests and not sched.sem.batch_queue_fill_requires_execution)):
+            if sched.schedules_ahead(len(queue), executed):
                 continue
         elif not queue:
             break
@@ -273,11 +269,8 @@ def compare(kvsim: dict, vllm: dict, limit: int = 10) -> list[str]:
 class _PDSide:
     """One engine of a P/D pair as ``oracle/pd_driver.py`` steps it."""
 
-    def __init__(self, engine: dict, role: str, threshold, version: str):
-        transfer = {"kv_role": role}
-        if threshold is not None:
-            transfer["kv_recompute_threshold"] = threshold
-        self.sched = build({**engine, "kv_transfer": transfer}, version)
+    def __init__(self, engine: dict, role: str, version: str):
+        self.sched = build({**engine, "kv_transfer": {"kv_role": role}}, version)
         self.reqs: list[Request] = []
         self.join_tick: dict[str, int] = {}
         self.steps: list[dict] = []
@@ -287,7 +280,6 @@ class _PDSide:
         self.prefix = PrefixCacheStats()
         self.external = PrefixCacheStats()
         self.active = False
-        self.queue_size = 2 if self.sched.params.async_scheduling else 1
         self.queue: deque = deque()  # batches in flight, newest first
 
     def add(self, req: Request, tick: int) -> None:
@@ -316,8 +308,7 @@ class _PDSide:
                 self.step += 1
             self.queue.appendleft((plan, rec, kv_out))
             self.active |= any(q[0].scheduled for q in self.queue)
-            if len(self.queue) < self.queue_size and (plan.scheduled or (
-                    sched.has_requests and not sched.sem.batch_queue_fill_requires_execution)):
+            if sched.schedules_ahead(len(self.queue), bool(plan.scheduled)):
                 return []
         elif not self.queue:
             return []
@@ -353,9 +344,9 @@ def drive_pd(scenario: dict, version: str = "0.33.0", check_invariants: bool = T
              max_ticks: int = 200_000) -> dict:
     """Run a P/D scenario (``oracle/pd_driver.py``'s input) through two kvsim engines in the
     driver's ticks; the result follows the driver's schema."""
-    threshold = scenario.get("kv_recompute_threshold")
-    p = _PDSide(scenario.get("prefill", {}), "kv_producer", threshold, version)
-    d = _PDSide(scenario.get("decode", {}), "kv_consumer", threshold, version)
+    # (The scenario's kv_recompute_threshold goes to vLLM's side only: see kvsim.kv.nixl.)
+    p = _PDSide(scenario.get("prefill", {}), "kv_producer", version)
+    d = _PDSide(scenario.get("decode", {}), "kv_consumer", version)
     worker = StepDelayPDWorker(int(scenario.get("transfer_delay", 0)))
     specs = scenario["requests"]
     order = {str(s["req_id"]): i for i, s in enumerate(specs)}

@@ -603,20 +603,13 @@ def build_scheduler(engine: dict):
     if unknown:
         raise ValueError(f"unknown engine keys: {sorted(unknown)}")
     e.update(engine)
-    spec_in = engine.get("speculative")
-    if spec_in is not None:
-        spec_in = _check_speculative(spec_in)
-    groups_in = engine.get("kv_groups")
-    if groups_in is not None:
-        groups_in = _check_kv_groups(groups_in)
-    offload = engine.get("kv_offloading")
-    if offload is not None:
-        offload = _check_offloading(offload)
-    transfer = engine.get("kv_transfer")
-    if transfer is not None:
-        transfer = _check_kv_transfer(transfer)
-        if offload is not None:
-            raise ValueError("engine: kv_transfer and kv_offloading together are not driven")
+    spec_in, groups_in, offload, transfer = (
+        None if engine.get(key) is None else check(engine[key])
+        for key, check in (("speculative", _check_speculative), ("kv_groups", _check_kv_groups),
+                           ("kv_offloading", _check_offloading),
+                           ("kv_transfer", _check_kv_transfer)))
+    if offload is not None and transfer is not None:
+        raise ValueError("engine: kv_transfer and kv_offloading together are not driven")
     async_sched = bool(engine.get("async_scheduling", False))
     num_blocks = int(e["num_gpu_blocks"])
     max_model_len = int(e["max_model_len"])
