@@ -52,7 +52,7 @@ from kvsim.assemble import cost_inputs
 from kvsim.cost.comm import ExpertExchange
 from kvsim.engine import Records, build_scheduler, simulate
 from kvsim.pd import PDNetwork, PDTransfers, Waker, any_of, pd_pools
-from kvsim.request import KVTransferParams, Request, RequestSpec, Status
+from kvsim.request import KVTransferParams, Request, RequestSpec
 from kvsim.sched import Scheduler
 from kvsim.schema import ClusterCfg, Scenario
 from kvsim.specdec import Acceptance
@@ -61,7 +61,8 @@ from kvsim.specdec import Acceptance
 class Replica:
     """One replica as the router sees it."""
 
-    __slots__ = ("index", "dp_rank", "sched", "requests", "inbox", "_outstanding")
+    __slots__ = ("index", "dp_rank", "sched", "requests", "inbox", "num_outstanding",
+                 "handed_tokens")
 
     def __init__(self, index: int, sched: Scheduler, dp_rank: int | None = None):
         self.index = index
@@ -69,7 +70,9 @@ class Replica:
         self.sched = sched
         self.requests: list[Request] = []  # every request routed here, in routing order
         self.inbox: list[Request] = []  # routed, not yet handed to the engine loop
-        self._outstanding: list[Request] = []  # routed, not finished
+        self.num_outstanding = 0  # routed, not finished
+        # The tokens of the outstanding requests not yet in the scheduler's queues.
+        self.handed_tokens = 0
 
     def receive(self, req: Request) -> None:
         """The router sends ``req`` here."""
@@ -81,30 +84,36 @@ class Replica:
         P/D decode instance gets it once its prefill instance is done)."""
         req.replica, req.dp_rank = self.index, self.dp_rank
         self.requests.append(req)
-        self._outstanding.append(req)
+        self.num_outstanding += 1
+        self.handed_tokens += req.num_tokens
 
     def deliver(self, req: Request) -> None:
         """``req`` reaches the engine (its loop admits it at its next scheduling call)."""
         self.inbox.append(req)
 
-    def outstanding(self) -> list[Request]:
-        live = self._outstanding = [r for r in self._outstanding if r.status is not Status.FINISHED]
-        return live
+    def take_inbox(self) -> list[Request]:
+        """The requests delivered since, for the engine loop to add."""
+        out, self.inbox = self.inbox, []
+        self.handed_tokens -= sum(r.num_tokens for r in out)
+        return out
+
+    def finished(self, reqs: list[Request]) -> None:
+        self.num_outstanding -= len(reqs)
 
     def num_requests(self) -> int:
         """Waiting + running + routed but not yet admitted."""
-        return len(self.outstanding())
+        return self.num_outstanding
 
     def pending_tokens(self) -> int:
         """Tokens still to compute for the outstanding requests."""
-        return sum(max(0, r.num_tokens - r.num_computed_tokens) for r in self.outstanding())
+        return self.handed_tokens + self.sched.tokens_to_compute()
 
     def kv_usage(self) -> float:
         return self.sched.kv.pool.usage()
 
     def cached_tokens(self, req: Request) -> int:
         """The prefix-cache hit ``req`` would get here now (the manager's own lookup)."""
-        return self.sched.kv.get_computed_blocks(req)[1]
+        return self.sched.kv.hit_tokens(req)
 
 
 class DPGroup:
@@ -302,8 +311,7 @@ class RoutedArrivals:
 
     def arrived(self, now: float) -> list[Request]:
         self.router.route_until(now)
-        out, self.replica.inbox = self.replica.inbox, []
-        return out
+        return self.replica.take_inbox()
 
     def next_arrival_s(self) -> float | None:
         """The next arrival anywhere: it may come here, so an idle replica wakes for it."""
@@ -313,6 +321,7 @@ class RoutedArrivals:
         return self.router.until_next(env, self.replica)
 
     def finished(self, reqs: list[Request], now: float) -> None:
+        self.replica.finished(reqs)
         self.router.finished(self.replica, reqs, now)
 
 

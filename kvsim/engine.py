@@ -205,10 +205,10 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
     instance that stopped) ends, when the clock runs out of events, as stopped by that
     instance's run limit, or by "stall" if it deadlocked.
 
-    A lone engine fed by ``Arrivals`` keeps its steadily decoding requests lazily
-    (``kvsim.fastforward``) and trims its interned block hashes; replicas behind a router
-    keep every request up to date (a router may read a replica's state at any arrival, and
-    they share one hash id space)."""
+    An engine keeps its steadily decoding requests lazily (``kvsim.fastforward``; not a
+    data-parallel rank); a router's replica brings them up to date when the router reads
+    it (``Scheduler.up_to_date``). A lone engine fed by ``Arrivals`` also decodes in
+    windows and trims its interned block hashes (replicas share one hash id space)."""
     env = simpy.Environment()
     tallies = []
     alone = len(engines) == 1 and type(engines[0][2]) is Arrivals
@@ -270,8 +270,11 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     queue: deque = deque()  # (plan, step index or None), newest first
     step = num_finished = 0
     last_step_s = 0.0
+    # Lazy decode, for a lone engine and a router's replicas (which bring their requests up
+    # to date when the router reads them); decode windows only alone on the clock.
     lazy = (fastforward.LazyDecode(sched, queue)
-            if alone and not check_invariants and fastforward.applies(sched, accept) else None)
+            if link is None and not check_invariants and fastforward.applies(sched, accept)
+            else None)
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:
         now = env.now
@@ -286,7 +289,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             sched.add_request(r)
         if link is not None:
             link.report()  # before the step (DPEngineCoreProc._maybe_publish_request_counts)
-        if lazy is not None and lazy.window_ahead(step, now, arrivals, last_step_s):
+        if alone and lazy is not None and lazy.window_ahead(step, now, arrivals, last_step_s):
             done = yield from lazy.run_window(
                 env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps is None
                 else limits.max_steps - step, limits.max_sim_time_s, decode_record, progress,

@@ -79,6 +79,8 @@ class LazyDecode:
         self.upd_next = 0  # the step whose outputs come next
         self.retry_at = 0
         self.backoff = 1
+        self._due: list[Request] = []  # the members whose allocation acts this step
+        sched.steady = self
 
     # -- a member's counters --------------------------------------------------------------
 
@@ -116,23 +118,32 @@ class LazyDecode:
         sampled token (perhaps its first, applied as the chunk it is)."""
         if r.num_draft_tokens or r.num_stale_output_tokens or r.status is not Status.RUNNING:
             return None
-        out = r.num_output_tokens
-        tokens = r.num_prompt_tokens + out
+        tokens = r.num_prompt_tokens + r.num_output_tokens
         if self.is_async:
             c = pending.get(id(r))
             if (r.num_output_placeholders != 1 or r.num_computed_tokens != tokens or c is None
                     or not c.samples or c.num_spec_tokens):
                 return None
-            out += 1
-            tokens += 1
-        elif r.num_output_placeholders or r.num_computed_tokens != tokens - 1 or not out:
+        elif (r.num_output_placeholders or r.num_computed_tokens != tokens - 1
+              or not r.num_output_tokens):
             return None  # (without outputs yet, its next step samples its first token)
         # Steps left, this one included, until the outputs finish it (max_tokens or
-        # max_model_len); synchronously it leaves at its last step, asynchronously at the
-        # step after (which skips it while its last output is in flight).
-        left = min(r.max_tokens - out, self.sched.params.max_model_len - tokens)
+        # max_model_len; asynchronously, the step in flight gives it one first);
+        # synchronously it leaves at its last step, asynchronously at the step after (which
+        # skips it while its last output is in flight).
+        left = self.sched.outputs_left(r) - (1 if self.is_async else 0)
         leave = step + left - (0 if self.is_async else 1)
         return leave if leave > step else None
+
+    def members_tokens_to_compute(self) -> int:
+        """``SteadyDecodes.members_tokens_to_compute``: every member lags alike (they joined
+        with the same gap between tokens and computed tokens, and move alike), so one says
+        it for all (the next to leave: ``leaving`` holds members alone)."""
+        r = self.leaving[0][2]
+        assert r.lz_sched is not None  # a member
+        gap = (r.num_tokens + self.upd_next - r.lz_upd) - (r.num_computed_tokens + self.sched_next
+                                                            - r.lz_sched)
+        return self.num_members * max(0, gap)
 
     def _join(self, r: Request, step: int, leave: int) -> None:
         r.lz_sched, r.lz_upd, r.lz_in = step, self.upd_next, step
@@ -142,22 +153,6 @@ class LazyDecode:
         heapq.heappush(self.longest, (-off, r.rank, r))
         heapq.heappush(self.shortest, (off, r.rank, r))
         heapq.heappush(self.leaving, (leave, r.rank, r))
-        self._add_event(r, self._next_event(r, step))
-
-    def _event(self, r: Request, step: int, blocks) -> None:
-        """A member's ``allocate_slots(r, 1)`` at ``step`` that does something: a new block
-        (from ``blocks``, the step's, or the free queue), a filled block published; then
-        its next event."""
-        self._materialize(r)
-        kv = self.kv
-        b = kv.block_size
-        table = kv.req_to_blocks[r.req_id]
-        if r.num_computed_tokens >= len(table) * b:
-            table.append(next(blocks) if blocks is not None else kv.pool.get_new_blocks(1)[0])
-        if kv.enable_caching:
-            tokens = r.num_prompt_tokens + r.num_output_tokens
-            if tokens // b > kv.num_cached_block.get(r.req_id, 0):
-                kv.cache_blocks(r, tokens)
         self._add_event(r, self._next_event(r, step))
 
     def _add_event(self, r: Request, event: int) -> None:
@@ -195,8 +190,7 @@ class LazyDecode:
         return plan
 
     def _schedule_lazily(self, step: int) -> StepPlan | None:
-        sched, kv = self.sched, self.kv
-        p = sched.params
+        sched = self.sched
         in_flight = self.queue[0][0] if self.is_async and self.queue else None
         # Members whose last lazy step is behind them become ordinary requests (their
         # outputs in flight are applied one by one).
@@ -219,72 +213,28 @@ class LazyDecode:
         num_lazy = self.num_members
         if not num_lazy:
             return None
-        # The members' block events this step, and what the others ask for: nothing may
-        # be cut short (budget) or fail (free blocks), else the step is not planned here.
-        b, tables = kv.block_size, kv.req_to_blocks
-        due = [r for r in self.events.pop(step, ()) if r.lz_sched is not None]
-        num_blocks = 0
-        for r in due:  # members: lz_sched is set
-            num_blocks += (r.num_computed_tokens + step - r.lz_sched  # type: ignore[operator]
-                           >= len(tables[r.req_id]) * b)
-        threshold = p.long_prefill_token_threshold
-        if sched.sem.long_prefill_only_with_competition and sched.num_unfinished <= 1:
-            threshold = 0
-        mml = p.max_model_len
-        wants = []
-        num_tokens = num_lazy
-        for r in self.others:
-            computed, placeholders = r.num_computed_tokens, r.num_output_placeholders
-            if placeholders and computed + 2 - placeholders >= r.num_prompt_tokens + r.max_tokens:
-                continue  # async: the step in flight already reaches max_tokens
-            n = (r.num_prompt_tokens + r.num_output_tokens + r.num_draft_tokens + placeholders
-                 - computed)
-            if 0 < threshold < n:
-                n = threshold
-            n = min(n, mml - computed - 1)
-            if n <= 0:
-                continue
-            num_tokens += n
-            num_blocks += max(-(-min(computed + n, mml) // b) - len(tables[r.req_id]), 0)
-            wants.append((r, n))
-        if num_tokens > sched.token_budget or num_blocks > kv.pool.num_free_blocks:
-            return None
-        # Plan it: running requests in list order, then admissions.
-        plan = StepPlan()
-        scheduled: dict[str, Chunk] = {}
-        prefill_scheduled = False
-        if wants:
-            items = [(r.rank, r, 0) for r in due] + [(r.rank, r, n) for r, n in wants]
-            items.sort(key=lambda item: item[0])
-            for _, r, n in items:
-                if not n:  # a member's event
-                    self._event(r, step, None)
-                    continue
-                prefill_scheduled |= r.is_prefill_chunk
-                if kv.allocate_slots(r, n) is None:
-                    raise AssertionError("lazy decode: a checked allocation failed")
-                scheduled[r.req_id] = Chunk(r, n, r.num_computed_tokens)
-        elif due:
-            # Members alone: their blocks come off the free queue in one call, in their
-            # order (a block popped evicts its hash before, not between, the step's
-            # publications: none of those is ever on a free block, and the hash map ends
-            # the same).
-            if len(due) > 1:
-                due.sort(key=_rank)
-            blocks = iter(kv.pool.get_new_blocks(num_blocks))
-            for r in due:
-                self._event(r, step, blocks)
-        budget = [sched.token_budget - num_tokens, p.max_num_batched_tokens - num_tokens]
         num_running = len(sched.running)
-        sched._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
-        self.others.extend(sched.running[num_running:])
-        plan.scheduled = list(scheduled.values())
-        sched._update_after_schedule(plan.scheduled)
-        plan.num_lazy = num_lazy
+        plan = sched.schedule_steady(self)
+        if plan is None:
+            return None
+        for r in self._due:  # their allocations are done: the next ones
+            self._add_event(r, self._next_event(r, step))
+        self.others.extend(sched.running[num_running:])  # admitted
         plan.lazy_kv = self.sum_off + num_lazy * (step + 1)
         plan.lazy_longest = -self._top("longest", num_lazy) + step + 1
         plan.lazy_shortest = self._top("shortest", num_lazy) + step + 1
         return plan
+
+    def due(self) -> list[Request]:
+        """``SteadyDecodes.due``: the members whose ``allocate_slots(r, 1)`` acts at the step
+        being scheduled, brought up to date, by rank."""
+        step = self.sched_next
+        due = self._due = [r for r in self.events.pop(step, ()) if r.lz_sched is not None]
+        if len(due) > 1:
+            due.sort(key=_rank)
+        for r in due:
+            self._materialize(r)
+        return due
 
     def _top(self, name: str, num_lazy: int) -> int:
         """The first key of heap ``name`` among current members (stale entries dropped)."""
@@ -333,7 +283,7 @@ class LazyDecode:
                 return False
         if len(sched.running) < sched.params.max_num_seqs:
             wake = arrivals.next_arrival_s()
-            if len(sched.waiting) or (wake is not None
+            if sched.may_admit or (wake is not None
                                       and wake - now < _MIN_WINDOW * last_step_s):
                 return False
         return True
@@ -412,7 +362,7 @@ def window(sched, queue, max_steps: int) -> int:
     running = sched.running
     num_running = len(running)
     p = sched.params
-    if not num_running or (len(sched.waiting) and num_running < p.max_num_seqs):
+    if not num_running or sched.may_admit:
         return 0
     if num_running > min(sched.token_budget, p.max_num_batched_tokens):
         return 0
@@ -426,7 +376,6 @@ def window(sched, queue, max_steps: int) -> int:
     placeholders = 1 if is_async else 0
     if not is_async:
         in_flight = 0
-    mml = p.max_model_len
     k = max_steps
     for r in running:
         tokens = r.num_prompt_tokens + r.num_output_tokens
@@ -438,7 +387,7 @@ def window(sched, queue, max_steps: int) -> int:
         # The step scheduled j steps from now samples output number out + j + 1 (and is
         # skipped, asynchronously, when the one in flight already reaches max_tokens); the
         # window ends before any step in which a request finishes.
-        k = min(k, r.max_tokens - r.num_output_tokens - 1, mml - tokens - 1)
+        k = min(k, sched.outputs_left(r) - 1)
         if k <= 0:
             return 0
     return k

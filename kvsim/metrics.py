@@ -427,7 +427,9 @@ def _pd_summary(sc: Scenario, rec: Records, per: list[dict]) -> dict:
 
 def result_files(sc: Scenario, rec: Records, summary: dict) -> dict[str, str]:
     """A run folder's files (``kvsim.results.RESULT_FILES``) as text."""
-    return {"requests.csv": requests_csv(rec), "steps.csv": steps_csv(rec),
+    req, steps = io.StringIO(), io.StringIO()
+    _in_memory(rec, req, steps)  # (both in one pass)
+    return {"requests.csv": req.getvalue(), "steps.csv": steps.getvalue(),
             "summary.json": summary_json(summary), "scenario.resolved.toml": resolved_toml(sc)}
 
 

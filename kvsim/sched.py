@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, KVConnector, StepView
 from kvsim.kv.hybrid import HybridKVCacheManager, mamba_checkpoint_exportable, mamba_checkpoint_position
@@ -148,25 +148,34 @@ class StepPlan:
 
 
 class _FcfsQueue:
-    __slots__ = ("_q",)
+    """``num_tokens``: the queued requests' tokens (prompt and outputs), kept as they come and
+    go (a router reads it; a late output to a queued request is added by the scheduler)."""
+
+    __slots__ = ("_q", "num_tokens")
 
     def __init__(self):
         self._q: deque[Request] = deque()
+        self.num_tokens = 0
 
     def add(self, req: Request) -> None:
         self._q.append(req)
+        self.num_tokens += req.num_tokens
 
     def prepend(self, req: Request) -> None:
         self._q.appendleft(req)
+        self.num_tokens += req.num_tokens
 
     def peek(self) -> Request:
         return self._q[0]
 
     def remove(self, req: Request) -> None:
         self._q.remove(req)
+        self.num_tokens -= req.num_tokens
 
     def pop(self) -> Request:
-        return self._q.popleft()
+        req = self._q.popleft()
+        self.num_tokens -= req.num_tokens
+        return req
 
     def __iter__(self):
         return iter(self._q)
@@ -176,15 +185,18 @@ class _FcfsQueue:
 
 
 class _PriorityQueue:
-    """A heap ordered as vLLM's ``Request.__lt__``: (priority, arrival_time, request_id)."""
+    """A heap ordered as vLLM's ``Request.__lt__``: (priority, arrival_time, request_id);
+    ``num_tokens`` as ``_FcfsQueue``'s."""
 
-    __slots__ = ("_h",)
+    __slots__ = ("_h", "num_tokens")
 
     def __init__(self):
         self._h: list[tuple[int, float, str, int, Request]] = []
+        self.num_tokens = 0
 
     def add(self, req: Request) -> None:
         heapq.heappush(self._h, (req.priority, req.arrival_s, req.req_id, req.seq, req))
+        self.num_tokens += req.num_tokens
 
     prepend = add  # a heap has no front: a preempted request is simply re-inserted
 
@@ -194,9 +206,12 @@ class _PriorityQueue:
     def remove(self, req: Request) -> None:
         self._h = [e for e in self._h if e[-1] is not req]
         heapq.heapify(self._h)
+        self.num_tokens -= req.num_tokens
 
     def pop(self) -> Request:
-        return heapq.heappop(self._h)[-1]
+        req = heapq.heappop(self._h)[-1]
+        self.num_tokens -= req.num_tokens
+        return req
 
     def __iter__(self):
         return (e[-1] for e in self._h)
@@ -205,12 +220,35 @@ class _PriorityQueue:
         return len(self._h)
 
 
+def _rank(ask: tuple[Request, int]) -> int:
+    return ask[0].rank
+
+
 WAITING_QUEUES: dict[SchedulingPolicy, type[_FcfsQueue] | type[_PriorityQueue]] = {
     "fcfs": _FcfsQueue, "priority": _PriorityQueue}
 
 
 Acceptance = Callable[[Request, int], int]
 """How many of ``n`` drafts a request accepts at this verify step (0 <= result <= n)."""
+
+
+class SteadyDecodes(Protocol):
+    """Running requests a fast path keeps without chunks of their own
+    (``kvsim.fastforward.LazyDecode``): each of its ``num_members`` decodes one sampled token
+    a step, and only the ``due`` ones have an ``allocate_slots(req, 1)`` that acts this step
+    (a block to take or to publish). ``others`` are the rest of the running list, by rank."""
+
+    num_members: int
+    others: list[Request]
+
+    def due(self) -> list[Request]:
+        """The members whose allocation acts this step, their counters as ``schedule()``
+        would find them, by rank."""
+        ...
+
+    def members_tokens_to_compute(self) -> int:
+        """Σ max(0, num_tokens − num_computed_tokens) over the members, as they are now."""
+        ...
 
 
 class Scheduler:
@@ -262,11 +300,23 @@ class Scheduler:
         self.running: list[Request] = []
         self.priority_policy = params.scheduling_policy == "priority"
         self._num_admitted = 0
+        # A fast path's lazily kept running requests (``kvsim.fastforward``), if any.
+        self.steady: SteadyDecodes | None = None
+
+    def tokens_to_compute(self) -> int:
+        """The tokens its unfinished requests have still to compute (a router's pending
+        tokens; a queued request has computed none)."""
+        running, members = self.running, 0
+        if self.steady is not None and self.steady.num_members:
+            running, members = self.steady.others, self.steady.members_tokens_to_compute()
+        return self.waiting.num_tokens + members + sum(
+            max(0, r.num_tokens - r.num_computed_tokens) for queue in (running, self.kv_holding)
+            for r in queue)
 
     def add_request(self, req: Request) -> None:
-        self.waiting.add(req)
         if self.connector is not None:
-            self.connector.on_new_request(req)
+            self.connector.on_new_request(req)  # (it may cut a P/D prefill's prompt)
+        self.waiting.add(req)
 
     @property
     def num_unfinished(self) -> int:
@@ -300,9 +350,7 @@ class Scheduler:
         # vLLM keeps two budgets: scheduled tokens, and model inputs, from which each
         # scheduled request also takes ``draft_slots`` (draft-model inputs).
         budget = [self.token_budget, p.max_num_batched_tokens]
-        threshold = p.long_prefill_token_threshold
-        if self.sem.long_prefill_only_with_competition and self.num_unfinished <= 1:
-            threshold = 0  # nobody to starve
+        threshold = self._long_prefill_threshold()
         prefill_scheduled = self._schedule_running(plan, scheduled, budget, threshold)
         if not plan.preempted:
             self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
@@ -400,30 +448,53 @@ class Scheduler:
         end = min((s for s in stops if start < s < end), default=end)
         return max(end - start, 0)
 
+    def _long_prefill_threshold(self) -> int:
+        """The step's long_prefill_token_threshold (0: none)."""
+        if self.sem.long_prefill_only_with_competition and self.num_unfinished <= 1:
+            return 0  # nobody to starve
+        return self.params.long_prefill_token_threshold
+
+    def _running_chunk(self, req: Request, threshold: int, budget: list[int] | None) -> int:
+        """The tokens a running request is scheduled within ``budget`` (None: uncut), before
+        its allocation; none (<= 0) when it has nothing to compute this step."""
+        computed = req.num_computed_tokens
+        placeholders = req.num_output_placeholders
+        if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+            return 0  # async: the step in flight already reaches max_tokens
+        n = req.num_prompt_tokens + req.num_output_tokens + req.num_draft_tokens + placeholders - computed
+        if 0 < threshold < n:
+            n = threshold
+        n = min(n, self.params.max_model_len - computed - 1)
+        if budget is not None:
+            n = min(n, budget[0], budget[1] - self.draft_slots)
+        if self.kv.mamba_align:
+            n = self._mamba_block_aligned_split(req, n)
+        if self.spec.num_prefill_lookahead:
+            n = self._reserve_prefill_lookahead(req, computed, n)
+        return n
+
+    def _running_chunk_made(self, req: Request, n: int) -> Chunk:
+        """The chunk of ``n`` tokens an allocated running request gets; its drafts in it
+        are verified (fresh ones come after this step)."""
+        computed = req.num_computed_tokens
+        num_spec = 0
+        if req.num_draft_tokens:
+            num_spec = max(0, min(req.num_draft_tokens,
+                                  n + computed - req.num_tokens - req.num_output_placeholders))
+            req.num_draft_tokens = 0
+        return Chunk(req, n, computed, num_spec)
+
     def _schedule_running(self, plan: StepPlan, scheduled: dict, budget: list[int],
                           threshold: int) -> bool:
-        p, kv, running, spec = self.params, self.kv, self.running, self.spec
+        kv, running, spec = self.kv, self.running, self.spec
         slots = self.draft_slots
-        npl = spec.num_prefill_lookahead
         prefill_scheduled = False
         idx = 0
         while idx < len(running) and budget[0] > 0:
             if budget[1] <= slots:
                 break
             req = running[idx]
-            computed = req.num_computed_tokens
-            placeholders = req.num_output_placeholders
-            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
-                idx += 1  # async: the step in flight already reaches max_tokens
-                continue
-            n = req.num_prompt_tokens + req.num_output_tokens + req.num_draft_tokens + placeholders - computed
-            if 0 < threshold < n:
-                n = threshold
-            n = min(n, budget[0], budget[1] - slots, p.max_model_len - computed - 1)
-            if kv.mamba_align:
-                n = self._mamba_block_aligned_split(req, n)
-            if npl:
-                n = self._reserve_prefill_lookahead(req, computed, n)
+            n = self._running_chunk(req, threshold, budget)
             if n <= 0:
                 idx += 1
                 continue
@@ -459,16 +530,63 @@ class Scheduler:
                     continue  # it preempted itself; later (higher-priority) requests may fit
                 break
             prefill_scheduled |= req.is_prefill_chunk
-            num_spec = 0
-            if req.num_draft_tokens:
-                num_spec = max(0, min(req.num_draft_tokens,
-                                      n + computed - req.num_tokens - placeholders))
-                req.num_draft_tokens = 0  # fresh drafts come after this step
-            scheduled[req.req_id] = Chunk(req, n, computed, num_spec)
+            scheduled[req.req_id] = self._running_chunk_made(req, n)
             budget[0] -= n
             budget[1] -= n + slots
             idx += 1
         return prefill_scheduled
+
+    def schedule_steady(self, steady: SteadyDecodes) -> StepPlan | None:
+        """``schedule()`` for a step in which ``steady``'s members decode without chunks of
+        their own (``num_lazy`` of the plan; their counters are the fast path's to move):
+        the running requests in list order, then admissions, by the rules ``schedule()``
+        follows. None, with nothing changed, when that step could cut a running request
+        short (the token budget) or preempt (too few free blocks): ``schedule()`` must plan
+        it, every member brought up to date. Without a KV connector."""
+        kv, p, slots = self.kv, self.params, self.draft_slots
+        assert isinstance(kv, KVCacheManager) and self.connector is None
+        lookahead = self.spec.num_lookahead_tokens
+        threshold = self._long_prefill_threshold()
+        asks = [(r, 0) for r in steady.due()]  # 0: a member's one token, no chunk
+        num_tokens = num_reqs = steady.num_members
+        for r in steady.others:
+            n = self._running_chunk(r, threshold, None)
+            if n > 0:
+                asks.append((r, n))
+                num_tokens += n
+                num_reqs += 1
+        if num_tokens > self.token_budget or num_tokens + slots * num_reqs > p.max_num_batched_tokens:
+            return None
+        if sum(kv.num_blocks_to_grow(r, n or 1, lookahead) for r, n in asks) > kv.pool.num_free_blocks:
+            return None
+        self._held_before = {}
+        plan = StepPlan(num_lazy=steady.num_members)
+        scheduled: dict[str, Chunk] = {}
+        prefill_scheduled = False
+        if len(asks) > 1:
+            asks.sort(key=_rank)
+        for r, n in asks:
+            if kv.allocate_slots(r, n or 1, num_lookahead_tokens=lookahead) is None:
+                raise AssertionError("schedule_steady: a checked allocation failed")
+            if n:
+                prefill_scheduled |= r.is_prefill_chunk
+                scheduled[r.req_id] = self._running_chunk_made(r, n)
+        budget = [self.token_budget - num_tokens, p.max_num_batched_tokens - num_tokens - slots * num_reqs]
+        self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
+        plan.scheduled = list(scheduled.values())
+        self._update_after_schedule(plan.scheduled)
+        return plan
+
+    def outputs_left(self, req: Request) -> int:
+        """Output tokens ``req`` may still sample before it stops (``max_tokens`` or
+        ``max_model_len``); at least one."""
+        return max(min(req.max_tokens - req.num_output_tokens,
+                       self.params.max_model_len - req.num_prompt_tokens - req.num_output_tokens), 1)
+
+    @property
+    def may_admit(self) -> bool:
+        """Whether a waiting request could join the running list (the count allows it)."""
+        return bool(len(self.waiting) + len(self.kv_holding)) and len(self.running) < self.params.max_num_seqs
 
     def _schedule_waiting(self, plan: StepPlan, scheduled: dict, budget: list[int],
                           threshold: int, prefill_scheduled: bool) -> None:
@@ -586,8 +704,12 @@ class Scheduler:
             holding.prepend(req)
 
     def check_invariants(self) -> None:
-        """The KV manager's and the connector's invariants (blocks set aside count as held)."""
+        """The KV manager's and the connector's invariants (blocks set aside count as held);
+        the queues' token counts."""
         self.kv.check_invariants([blocks for _, blocks in self.deferred_frees])
+        for queue in (self.waiting, self.kv_holding):
+            assert queue.num_tokens == sum(r.num_tokens for r in queue), "queued tokens"
+        assert all(r.num_computed_tokens == 0 for r in self.waiting), "a waiting request computed"
         if self.connector is not None:
             self.connector.check_invariants()
 
@@ -683,7 +805,6 @@ class Scheduler:
                 self.kv.pool.free_blocks(reversed(deferred.popleft()[1]))
         k = self.spec.num_speculative_tokens
         is_async = self.params.async_scheduling
-        max_model_len = self.params.max_model_len
         in_flight = self.sem.has_num_in_flight_tokens
         cache_after_verify = self.sem.cache_after_verify
         publish_after_placeholders = is_async and self.sem.async_publish_after_placeholders
@@ -715,15 +836,16 @@ class Scheduler:
                 first.append(req)
             was_running = req.status is Status.RUNNING
             had_placeholders = req.num_output_placeholders > 0
-            stopped = False
-            for i in range(1, num_new + 1):
-                req.num_output_tokens += 1
-                if (req.num_prompt_tokens + req.num_output_tokens >= max_model_len
-                        or req.num_output_tokens >= req.max_tokens):
-                    if cache_after_verify and not stale:
-                        req.num_computed_tokens -= num_new - i  # trimmed at the stop
-                    stopped = True
-                    break
+            i = self.outputs_left(req)  # the tokens kept
+            stopped = i <= num_new
+            if stopped:
+                if cache_after_verify and not stale:
+                    req.num_computed_tokens -= num_new - i  # trimmed at the stop
+            else:
+                i = num_new
+            req.num_output_tokens += i
+            if not was_running:  # a late output to a preempted request: it waits
+                self.waiting.num_tokens += i
             if publish_after_placeholders:
                 if not stale:
                     req.num_output_placeholders -= i  # the tokens kept

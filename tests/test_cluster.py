@@ -18,6 +18,7 @@ from kvsim.cluster import Replica, Router
 from kvsim.config import load_scenario, parse_scenario
 from kvsim.cost import RooflineCost
 from kvsim.errors import ConfigError
+from kvsim.request import Status
 from kvsim.schema import ClusterCfg
 from kvsim.workload import build_requests
 
@@ -213,8 +214,11 @@ def test_least_loaded_forgets_finished_requests():
     router = Router(cfg("least_loaded", n=2), reps, [], seed=0)
     first = make_request("first", range(40), max_tokens=1)
     assert route(router, [first]) == [0]
-    reps[0].sched.add_request(reps[0].inbox.pop())
+    for r in reps[0].take_inbox():  # as the engine loop hands it over and reports it done
+        reps[0].sched.add_request(r)
     run_until_done(reps[0].sched)  # it finishes: replica 0 is empty again
+    assert first.status is Status.FINISHED
+    reps[0].finished([first])
     assert route(router, [make_request("next", [1])]) == [0]
 
 

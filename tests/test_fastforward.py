@@ -214,22 +214,72 @@ def test_lazy_decodes_cost_what_their_chunks_cost(case):
             assert cost.step_time_s(prefills, num_sampled, sums) == listed
 
 
-def test_a_cluster_steps_one_by_one_and_one_replica_matches_a_lazy_run(windows):
-    """Replicas behind a router never decode lazily (a router may read a replica at any
-    arrival); a one-replica cluster still gives the plain, lazily planned run's records."""
+def test_a_clusters_replicas_decode_lazily_and_one_replica_matches_a_lone_run(windows):
+    """Replicas behind a router decode lazily but never in windows (the router's arrivals
+    share their clock); a one-replica cluster gives the lone engine's records."""
     from dataclasses import asdict
 
     sc = scenario()
     plain = engine.run(sc, build_requests(sc))
-    assert windows["lazy"] > 0
+    assert windows["lazy"] > 0 and windows["window"] > 0
     windows.update(lazy=0, window=0)
     csc = parse_scenario({**sc_raw(), "cluster": {"replicas": 1, "router": "least_loaded"}})
     rec = engine.run(csc, build_requests(csc))
-    assert windows == {"lazy": 0, "window": 0}
+    assert windows["lazy"] > 0 and windows["window"] == 0
     rows = metrics.request_rows(rec)
     assert {r.pop("replica") for r in rows} == {0}
     assert rows == metrics.request_rows(plain)
     assert [asdict(s) for s in rec.steps] == [asdict(s) for s in plain.steps]
+
+
+@pytest.mark.parametrize("router", ["prefix_aware", "least_loaded", "session_affinity"])
+@pytest.mark.parametrize("case", [dict(), dict(async_scheduling=False, version="0.22.1"),
+                                  dict(request_rate=float("inf"), output_tokens=200)],
+                         ids=["async", "sync", "preempting"])
+def test_lazy_replicas_give_the_bytes_of_step_by_step(router, case, windows):
+    """A router reads its replicas (pending tokens, KV usage, cached prefixes) at every
+    arrival: lazily kept requests are brought up to date first, so every route, step and
+    request is the one step-by-step simulation gives."""
+    raw = sc_raw(**case)
+    raw["workload"].update(num_requests=90, generator="multi_turn", turns=3, think_time_s=0.05)
+    raw["cluster"] = {"replicas": 3, "router": router, "load_metric": "kv_usage"}
+    sc = parse_scenario(raw)
+    fast = outputs(sc)
+    assert windows["lazy"] > 0
+    assert fast == outputs(sc, check_invariants=True)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_replicas_pending_tokens_count_its_lazy_members_as_they_are(async_scheduling,
+                                                                      monkeypatch):
+    """At every read, the replica's pending tokens are those its requests' counters give once
+    brought up to date (every member materialized: its lag applied)."""
+    from kvsim.cluster import Replica
+
+    real = Replica.pending_tokens
+    reads = {"members": 0}
+
+    def checked(self):
+        got = real(self)
+        lazy = self.sched.steady
+        if lazy is not None and lazy.num_members:
+            reads["members"] += 1
+            for r in self.sched.running:
+                if r.lz_sched is not None:
+                    lazy._materialize(r)
+        sched = self.sched
+        want = self.handed_tokens + sum(max(0, r.num_tokens - r.num_computed_tokens)
+                                        for q in (sched.waiting, sched.running, sched.kv_holding)
+                                        for r in q)
+        assert got == want
+        return got
+
+    monkeypatch.setattr(Replica, "pending_tokens", checked)
+    raw = sc_raw(async_scheduling=async_scheduling, version="0.33.0" if async_scheduling else "0.22.1")
+    raw["workload"].update(num_requests=90, generator="multi_turn", turns=3, think_time_s=0.05)
+    raw["cluster"] = {"replicas": 3, "router": "prefix_aware"}
+    outputs(parse_scenario(raw))
+    assert reads["members"] > 50
 
 
 def test_block_contents_are_equal_exactly_when_the_tokens_are():

@@ -371,6 +371,10 @@ class HybridKVCacheManager:
             return {gid: [null] * i + [blk] for gid, blk in zip(gids, cached)}, (i + 1) * b
         return {gid: [] for gid in gids}, 0
 
+    def hit_tokens(self, req: Request) -> int:
+        """``get_computed_blocks(req)``'s hit length alone."""
+        return self.get_computed_blocks(req)[1]
+
     def get_computed_blocks(self, req: Request) -> tuple[dict[int, list[Block]], int]:
         """Fixed-point intersection of every group's hit (vLLM's hybrid coordinator).
 

@@ -14,6 +14,7 @@ in the same step already hits them); ``free`` releases a request's table tail fi
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import takewhile
 from typing import Any, Protocol, Self
 
 from kvsim.kv.hashing import BlockHasher
@@ -46,6 +47,10 @@ class KVManager(Protocol):
     def share_hashes(self, other: Self) -> None: ...
 
     def get_computed_blocks(self, req: Request) -> tuple[Any, int]: ...
+
+    def hit_tokens(self, req: Request) -> int:
+        """``get_computed_blocks(req)``'s hit length alone (a router's read)."""
+        ...
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None, num_lookahead_tokens: int = 0,
@@ -100,19 +105,10 @@ class KVCacheManager:
         """Longest prefix hit for a waiting request: (blocks, hit length in tokens). Pure."""
         if not self.enable_caching:
             return [], 0
-        b = self.block_size
-        max_blocks = (req.num_tokens - 1) // b
-        hashes = self.hasher.block_hashes(req, max_blocks)
-        hit: list[Block] = []
+        hashes, n = self._hit(req)
         get = self.pool.get_cached_block
-        for i in range(min(max_blocks, len(hashes))):
-            blk = get(hashes[i])
-            if blk is None:
-                break
-            hit.append(blk)
-        if self.eagle_drop and hit:
-            hit.pop()
-        return hit, len(hit) * b
+        hit: list[Block] = [get(h) for h in hashes[:n]]  # type: ignore[misc]  # all published
+        return hit, n * self.block_size
 
     def num_blocks_to_allocate(self, req_id: str, num_tokens: int,
                                new_computed_blocks: list[Block]) -> int:
@@ -125,6 +121,28 @@ class KVCacheManager:
         num_new = max(required - (len(new_computed_blocks) + held), 0)
         # Touching an unreferenced hit block takes it out of the free queue too.
         return num_new + sum(1 for blk in new_computed_blocks if blk.ref_cnt == 0)
+
+    def _hit(self, req: Request) -> tuple[list[int], int]:
+        """The request's block hashes, and how many of them from the start a lookup hits (the
+        longest run of published ones, walked in C; the last matched one given back under
+        the EAGLE drop). The last token is never a hit (its logits are needed)."""
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hashes = self.hasher.block_hashes(req, max_blocks)
+        n = len(list(takewhile(self.pool.cached.__contains__,
+                               hashes[:max_blocks] if len(hashes) > max_blocks else hashes)))
+        if self.eagle_drop and n:
+            n -= 1
+        return hashes, n
+
+    def hit_tokens(self, req: Request) -> int:
+        """``get_computed_blocks(req)``'s hit length alone. Pure."""
+        return self._hit(req)[1] * self.block_size if self.enable_caching else 0
+
+    def num_blocks_to_grow(self, req: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int:
+        """Blocks ``allocate_slots(req, num_new_tokens, num_lookahead_tokens=...)`` takes from
+        the free queue for a running request (no hit). Pure."""
+        return self.num_blocks_to_allocate(req.req_id, min(
+            req.num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len), [])
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[Block] | None = None,
