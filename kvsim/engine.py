@@ -275,6 +275,8 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     lazy = (fastforward.LazyDecode(sched, queue)
             if link is None and not check_invariants and fastforward.applies(sched, accept)
             else None)
+    spec = (fastforward.SpecWindows(sched, queue, accept)
+            if alone and not check_invariants and fastforward.spec_applies(sched, accept) else None)
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:
         now = env.now
@@ -294,6 +296,13 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps is None
                 else limits.max_steps - step, limits.max_sim_time_s, decode_record, progress,
                 num_finished)
+            if done:
+                step += done
+                continue
+        if spec is not None:
+            done = yield from spec.run(env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps
+                                       is None else limits.max_steps - step,
+                                       limits.max_sim_time_s, decode_record, progress, num_finished)
             if done:
                 step += done
                 continue
@@ -487,11 +496,13 @@ class _NoTransfers:
 NO_TRANSFERS = _NoTransfers()
 
 
-def _decode_record(step, start, duration, num_running, num_waiting, num_free_blocks,
-                   kv_usage) -> StepRecord:
-    """The record ``_step_record`` makes of a decode window's step (no drafting)."""
-    return StepRecord(step, start, duration, 0.0, num_running, 0, 0, num_running, num_running, 0,
-                      num_running, num_waiting, num_free_blocks, kv_usage, 0, 0, 0, 0)
+def _decode_record(step, start, duration, draft, num_running, num_tokens, num_spec,
+                   num_waiting, num_free_blocks, kv_usage) -> StepRecord:
+    """The record ``_step_record`` makes of a decode window's step: every running request
+    scheduled, ``num_tokens`` decode tokens of which ``num_spec`` drafts, nothing else."""
+    return StepRecord(step, start, duration + draft, draft, num_tokens, num_spec, 0, num_tokens,
+                      num_running, 0, num_running, num_waiting, num_free_blocks, kv_usage,
+                      0, 0, 0, 0)
 
 
 def _step_record(step, start, duration, draft, plan, sched) -> StepRecord:

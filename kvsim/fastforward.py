@@ -45,6 +45,7 @@ from kvsim.sched import Chunk, Scheduler, StepPlan
 
 _MAX_BACKOFF = 64  # steps before lazy decode is tried again after a step it couldn't plan
 _MIN_WINDOW = 16  # steps a decode window must promise before members are materialized for it
+_MAX_SPEC_WINDOW = 256  # verify steps whose acceptances a speculative window draws at once
 _rank = attrgetter("rank")
 
 
@@ -518,7 +519,8 @@ def run(env, sched, cost, queue, arrivals, step: int, k: int,
                 pi += 1
             ei += 1
         free = num_free - pi
-        record(step + j - lag, now, durations[j], num_running, len(waiting), free, usage(free))
+        record(step + j - lag, now, durations[j], 0.0, num_running, num_running, 0, len(waiting),
+               free, usage(free))
         if progress is not None:
             progress(step + j + 1 - lag, now + durations[j], num_finished, arrivals.total)
     delay = t - env.now
@@ -534,3 +536,249 @@ def run(env, sched, cost, queue, arrivals, step: int, k: int,
         queue[0] = (StepPlan(scheduled=[Chunk(r, 1, r.num_computed_tokens - 1, samples=True)
                                         for r in running]), step + done - 1)
     return done
+
+
+# -- speculative decode windows: a batch of verify steps, many at once ---------------------
+#
+# With speculative decoding a steadily decoding request is scheduled 1 + k tokens every step
+# (its token and k drafts) and its output gives it 1 + a tokens, a drawn from its own
+# acceptance stream (``Acceptance.peek``): its computed tokens and its tokens both move by
+# 1 + a, and what ``allocate_slots`` and the output's publication do follows from them
+# (``KVCacheManager.num_blocks_to_grow``'s rule, ``Scheduler.published_after_output``).
+# ``SpecWindows`` finds a window of steps in which nothing else can happen (the batch full or
+# nothing waiting, no request near its end, enough free blocks), draws every request's
+# acceptances for it, and makes the window's block events (pops in one ``get_new_blocks``,
+# publications one by one) in step-by-step order, each request's counters set as they are
+# then; step times from the chunks as step-by-step builds them; the clock jumps as in
+# ``run``. Asynchronously the step in flight is the window's first executed step, and its
+# last scheduled step is left in flight.
+
+
+def spec_applies(sched: Scheduler, accept) -> bool:
+    """Whether speculative decode windows may run for this set-up (checked once per run)."""
+    return (type(sched.kv) is KVCacheManager and accept is not None and sched.connector is None
+            and sched.spec.num_speculative_tokens > 0)
+
+
+class SpecWindows:
+    """Speculative decode windows for ``sched`` (a set-up ``spec_applies`` accepts);
+    ``queue`` as ``LazyDecode``'s, ``accept`` the run's acceptance (with ``peek``/``take``)."""
+
+    def __init__(self, sched: Scheduler, queue, accept):
+        self.sched = sched
+        assert isinstance(sched.kv, KVCacheManager)
+        self.kv: KVCacheManager = sched.kv
+        self.queue = queue
+        self.accept = accept
+        self.k = sched.spec.num_speculative_tokens
+        self.retry_at = 0
+        self.backoff = 1
+
+    def _steady(self, step: int, max_steps: int):
+        """The window's running requests' acceptances (one row per request), or None."""
+        sched, k = self.sched, self.k
+        running = sched.running
+        p = sched.params
+        n = 1 + k
+        num_running = len(running)
+        if (not num_running or sched.may_admit or num_running * n > sched.token_budget
+                or num_running * (n + sched.draft_slots) > p.max_num_batched_tokens
+                or 0 < p.long_prefill_token_threshold < n):
+            return None
+        is_async = p.async_scheduling
+        if is_async:
+            if len(self.queue) != 1 or not _is_spec_decode_step(self.queue[0][0], running, n):
+                return None
+            placeholders, in_flight, offset = n, n if sched.sem.has_num_in_flight_tokens else 0, k
+        elif self.queue:
+            return None
+        else:
+            placeholders, in_flight, offset = 0, 0, -1
+        margin = 2 * n + 2  # steps end well before any request's last tokens
+        steps = min(max_steps, _MAX_SPEC_WINDOW)
+        for r in running:
+            if (r.num_output_tokens < 1 or r.num_output_placeholders != placeholders
+                    or r.num_in_flight_tokens != in_flight or r.num_draft_tokens != k
+                    or r.num_stale_output_tokens or r.status is not Status.RUNNING
+                    or r.num_computed_tokens - r.num_tokens != offset
+                    or sched.chunk_size(r) != n):
+                return None
+            steps = min(steps, sched.outputs_left(r) - margin)
+            if steps < _MIN_WINDOW:
+                return None
+        rows = []
+        for r in running:
+            row = self.accept.peek(r, k, steps)
+            total, last = sched.outputs_left(r) - margin, 0
+            for j, a in enumerate(row):  # no more steps than its tokens allow
+                last += 1 + a
+                if last > total:
+                    steps = j
+                    break
+            if steps < _MIN_WINDOW:
+                return None
+            rows.append(row)
+        return [row[:steps] for row in rows]
+
+    def run(self, env, cost, arrivals, step: int, max_steps: int, max_sim_time_s,
+            record, progress, num_finished: int):
+        """Simulate a window of verify steps, the next to schedule being ``step`` (a SimPy
+        generator); returns the steps scheduled (0: no window here)."""
+        if step < self.retry_at:
+            return 0
+        rows = self._steady(step, max_steps)
+        if rows is None:
+            self.retry_at = step + self.backoff
+            self.backoff = min(2 * self.backoff, _MAX_BACKOFF)
+            return 0
+        self.backoff = 1
+        return (yield from self._run(env, cost, arrivals, step, rows, max_sim_time_s, record,
+                                     progress, num_finished))
+
+    def _run(self, env, cost, arrivals, step, rows, max_sim_time_s, record, progress,
+             num_finished):
+        import numpy as np
+
+        sched, kv, k = self.sched, self.kv, self.k
+        running = sched.running
+        num_running = len(running)
+        n = 1 + k
+        b, mml = kv.block_size, sched.params.max_model_len
+        la = sched.spec.num_lookahead_tokens
+        acc = np.array(rows, dtype=np.int64)  # (request, window update)
+        width = acc.shape[1]
+        emitted = np.zeros((num_running, width + 1), dtype=np.int64)
+        np.cumsum(acc + 1, axis=1, out=emitted[:, 1:])
+        c0 = np.array([r.num_computed_tokens for r in running], dtype=np.int64)[:, None]
+        t0 = np.array([r.num_tokens for r in running], dtype=np.int64)[:, None]
+        context = c0 + emitted[:, :width]  # computed tokens as step j is scheduled
+        # Blocks each allocation leaves the table with (kv's rule: slots up to min(computed
+        # + n + lookahead, max_model_len)), and the pops that takes.
+        held = np.array([len(kv.req_to_blocks[r.req_id]) for r in running], dtype=np.int64)[:, None]
+        need = np.maximum.accumulate(np.concatenate(
+            [held, -(-np.minimum(context + n + la, mml) // b)], axis=1), axis=1)
+        pops = np.diff(need, axis=1)
+        per_step = np.cumsum(pops.sum(axis=0))
+        num_free = kv.pool.num_free_blocks
+        steps = int(np.searchsorted(per_step, num_free, side="right"))  # allocations that fit
+        if steps < 1:
+            return 0
+        # Step times (step j executes j, or asynchronously j - 1: the one in flight first).
+        lag = 1 if self.queue else 0
+        full = num_running >= sched.params.max_num_seqs
+        wake = arrivals.next_arrival_s()
+        starts: list[float] = []
+        durations: list[tuple[float, float]] = []
+        t = env.now
+        contexts = context.T.tolist()
+        for j in range(steps):
+            if (max_sim_time_s is not None and t >= max_sim_time_s) or (
+                    not full and wake is not None and wake <= t):
+                break
+            if lag and j == 0:
+                chunks = [(c.num_new_tokens, c.num_computed_before) for c in self.queue[0][0].scheduled]
+            else:
+                chunks = [(n, c) for c in contexts[j - lag]]
+            d = cost.step_time_s(chunks, num_running)
+            dr = cost.draft_time_s(chunks, num_running)
+            starts.append(t)
+            durations.append((d, dr))
+            t = t + (d + dr)
+        done = len(durations)
+        if not done:
+            return 0
+        # Block events: pops and publications, in step-by-step order (step, then allocations
+        # before outputs, then running-list order; a pop before its allocation's publication).
+        events = []
+        pi, pj = np.nonzero(pops[:, :done])
+        for i, j, count in zip(pi.tolist(), pj.tolist(), pops[pi, pj].tolist()):
+            events.extend([((2 * j * num_running + i) * 2, 0, 0)] * count)
+        if kv.enable_caching:
+            # Published full blocks: by the allocation (up to the tokens), by the output
+            # (``published_after_output``, a fixed offset from the tokens in steady decode).
+            after = sched.published_after_output(running[0], sched.params.async_scheduling)
+            shift = None if after is None else after - running[0].num_tokens
+            tokens = np.empty((num_running, 2 * done), dtype=np.int64)
+            tokens[:, 0::2] = t0 + emitted[:, :done]
+            tokens[:, 1::2] = t0 + emitted[:, 1:done + 1]
+            upto = tokens.copy()
+            if shift is None:
+                upto[:, 1::2] = -b  # nothing published then
+            else:
+                upto[:, 1::2] += shift
+            target = np.minimum((upto - kv.num_reprefillable) // b,
+                                (tokens - kv.hasher.lookahead) // b)
+            cached = np.array([kv.num_cached_block.get(r.req_id, 0) for r in running],
+                              dtype=np.int64)[:, None]
+            before = np.maximum.accumulate(np.concatenate([cached, target[:, :-1]], axis=1), axis=1)
+            ei, ej = np.nonzero(target > before)
+            for i, j, tok, up in zip(ei.tolist(), ej.tolist(), tokens[ei, ej].tolist(),
+                                     upto[ei, ej].tolist()):
+                events.append(((j * num_running + i) * 2 + 1, tok, up))
+        events.sort()
+        outs = [r.num_output_tokens for r in running]
+        # The window's pops come off the free queue in one call (nothing else changes it in
+        # a window, and no block published here is free), handed out in order.
+        blocks = iter(kv.pool.get_new_blocks(int(per_step[done - 1])))
+        tables = kv.req_to_blocks
+        waiting = sched.waiting
+        usage = kv.pool.usage_at
+        ei, num_events = 0, len(events)
+        tokens_per_step = num_running * n
+        for j in range(done):
+            now = starts[j]
+            if wake is not None and wake <= now:  # a full batch: arrivals wait
+                for r in arrivals.arrived(now):
+                    r.join_step = step + j
+                    sched.add_request(r)
+                wake = arrivals.next_arrival_s()
+            limit = (2 * (j + 1) * num_running) * 2
+            while ei < num_events and events[ei][0] < limit:
+                key, tok, up = events[ei]
+                r = running[(key >> 1) % num_running]
+                if key & 1:  # a publication, the request's tokens as they are then
+                    r.num_output_tokens = tok - r.num_prompt_tokens
+                    kv.cache_blocks(r, up)
+                else:
+                    tables[r.req_id].append(next(blocks))
+                ei += 1
+            free = num_free - int(per_step[j])
+            d, dr = durations[j]
+            record(step + j - lag, now, d, dr, num_running, tokens_per_step, num_running * k,
+                   len(waiting), free, usage(free))
+            if progress is not None:
+                progress(step + j + 1 - lag, now + d + dr, num_finished, arrivals.total)
+        delay = t - env.now
+        if env.now + delay == t:
+            yield env.timeout(delay)
+        else:
+            for d, dr in durations:
+                yield env.timeout(d + dr)
+        # Every request's counters after the window's outputs; its acceptances used up.
+        gained = emitted[:, done].tolist()
+        accepted = acc[:, :done].sum(axis=1).tolist()
+        for r, out, g, a in zip(running, outs, gained, accepted):
+            r.num_computed_tokens += g
+            r.num_output_tokens = out + g
+            self.accept.take(r, k, done)
+            r.num_drafts_proposed += k * done
+            r.num_drafts_accepted += a
+            r.num_verify_steps += done
+        if lag:
+            # The last step scheduled stays in flight.
+            last = contexts[done - 1]
+            self.queue[0] = (StepPlan(scheduled=[
+                Chunk(r, n, c, k, samples=True) for r, c in zip(running, last)]), step + done - 1)
+        return done
+
+
+def _is_spec_decode_step(plan: StepPlan, running: list, n: int) -> bool:
+    """``plan`` gives every request of ``running``, in order, one verify chunk of ``n``
+    tokens (its n − 1 drafts) and nothing else."""
+    pc = plan.prefix_cache
+    if plan.preempted or plan.num_lazy or plan.exits or len(plan.scheduled) != len(running) or (
+            pc.queries or pc.hits or pc.preempted_queries or pc.preempted_hits):
+        return False
+    return all(c.req is r and c.num_new_tokens == n and c.samples and c.num_spec_tokens == n - 1
+               and not c.padded and c.num_computed_before >= r.num_prompt_tokens
+               for c, r in zip(plan.scheduled, running))

@@ -577,6 +577,20 @@ class Scheduler:
         self._update_after_schedule(plan.scheduled)
         return plan
 
+    def published_after_output(self, req: Request, had_placeholders: bool) -> int | None:
+        """The tokens a running request's blocks are published up to once an output has
+        been applied to it (None: not then); ``had_placeholders``: before that output."""
+        if self.params.async_scheduling and self.sem.async_publish_after_placeholders:
+            return req.num_computed_tokens - req.num_output_placeholders
+        if self.sem.cache_after_verify and (had_placeholders or self.spec.num_speculative_tokens):
+            # Verified tokens (accepted drafts, async outputs) are published now.
+            return req.num_computed_tokens - req.num_in_flight_tokens
+        return None
+
+    def chunk_size(self, req: Request) -> int:
+        """The tokens a running request would be scheduled now, the budget aside (<= 0: none)."""
+        return self._running_chunk(req, self._long_prefill_threshold(), None)
+
     def outputs_left(self, req: Request) -> int:
         """Output tokens ``req`` may still sample before it stops (``max_tokens`` or
         ``max_model_len``); at least one."""
@@ -846,18 +860,15 @@ class Scheduler:
             req.num_output_tokens += i
             if not was_running:  # a late output to a preempted request: it waits
                 self.waiting.num_tokens += i
-            if publish_after_placeholders:
-                if not stale:
+            if not stale:
+                if publish_after_placeholders:
                     req.num_output_placeholders -= i  # the tokens kept
-                if was_running:
-                    cache_blocks(req, req.num_computed_tokens - req.num_output_placeholders)
-            else:
-                if not stale and had_placeholders:
+                elif had_placeholders:
                     req.num_output_placeholders -= num_new  # the untrimmed count
-                if (cache_after_verify and not stale and was_running
-                        and (had_placeholders or k)):
-                    # Verified tokens (accepted drafts, async outputs) are published now.
-                    cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+            if was_running and (publish_after_placeholders or not stale):
+                upto = self.published_after_output(req, had_placeholders)
+                if upto is not None:
+                    cache_blocks(req, upto)
             if stopped:
                 req.status = Status.FINISHED
                 if not was_running:

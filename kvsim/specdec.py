@@ -110,33 +110,66 @@ class Acceptance:
         self.fixed = num_accepted
         self.seed = seed
         self._rngs: dict[int, random.Random] = {}
+        # per_position: a request's uniform draws made ahead by ``peek``, not yet used.
+        self._ahead: dict[int, list[float]] = {}
         # With ``record``: request index -> accepted count at each verify step (validation).
         self.log: dict[int, list[int]] | None = {} if record else None
 
     def __call__(self, req: Request, num_drafts: int) -> int:
-        accepted = self._draw(req, num_drafts)
-        if self.log is not None:
-            self.log.setdefault(req.seq, []).append(accepted)
-        return accepted
-
-    def _draw(self, req: Request, num_drafts: int) -> int:
-        if self.kind == "fixed":
+        if self.kind == "fixed" and self.log is None:
             return min(self.fixed, num_drafts)
+        return self.take(req, num_drafts, 1)[0]
+
+    def peek(self, req: Request, num_drafts: int, count: int) -> list[int]:
+        """What the request's next ``count`` verify steps of ``num_drafts`` drafts each
+        accept, without using them up (its stream is its own: nothing else draws from it)."""
+        if self.kind == "fixed":
+            return [min(self.fixed, num_drafts)] * count
         if self.kind == "trace":
             seq = req.accepted_trace or (0,)
-            return min(seq[req.num_verify_steps % len(seq)], num_drafts)
+            done = req.num_verify_steps
+            return [min(seq[(done + i) % len(seq)], num_drafts) for i in range(count)]
+        return self._per_position(req, num_drafts, count)[0]
+
+    def take(self, req: Request, num_drafts: int, count: int) -> list[int]:
+        """``peek``, used up: the request's next ``count`` verify steps (their ``num_verify_steps``
+        counted by the caller after)."""
+        if self.kind == "per_position":
+            out, used = self._per_position(req, num_drafts, count)
+            del self._ahead[req.seq][:used]
+        else:
+            out = self.peek(req, num_drafts, count)
+        if self.log is not None:
+            self.log.setdefault(req.seq, []).extend(out)
+        return out
+
+    def _per_position(self, req: Request, num_drafts: int, count: int) -> tuple[list[int], int]:
+        """Drafts accepted in order until the first rejection, position i with probability
+        ``rates[i]``: ``count`` verify steps' accepted counts, and the uniforms they use (drawn
+        ahead into the request's buffer as needed)."""
         rng = self._rngs.get(req.seq)
         if rng is None:
             rng = self._rngs[req.seq] = random.Random(f"{self.seed}:{req.seq}")
+        ahead = self._ahead.setdefault(req.seq, [])
         rates, last = self.rates, len(self.rates) - 1
-        accepted = 0
-        while accepted < num_drafts and rng.random() < rates[min(accepted, last)]:
-            accepted += 1
-        return accepted
+        out = []
+        pos = 0
+        for _ in range(count):
+            accepted = 0
+            while accepted < num_drafts:
+                if pos == len(ahead):
+                    ahead.append(rng.random())
+                pos += 1
+                if ahead[pos - 1] >= rates[min(accepted, last)]:
+                    break
+                accepted += 1
+            out.append(accepted)
+        return out, pos
 
     def forget(self, req: Request) -> None:
         """Drop a finished request's random stream."""
         self._rngs.pop(req.seq, None)
+        self._ahead.pop(req.seq, None)
 
 
 class AcceptanceTally:
@@ -153,6 +186,14 @@ class AcceptanceTally:
         accepted = self._accept(req, num_drafts)
         self.outcomes[accepted] += 1
         return accepted
+
+    def peek(self, req: Request, num_drafts: int, count: int) -> list[int]:
+        return self._accept.peek(req, num_drafts, count)
+
+    def take(self, req: Request, num_drafts: int, count: int) -> list[int]:
+        out = self._accept.take(req, num_drafts, count)
+        self.outcomes.update(out)
+        return out
 
     def accepted_per_pos(self, k: int) -> list[int]:
         """vLLM's ``num_accepted_tokens_per_pos``: verify steps whose draft i was accepted."""

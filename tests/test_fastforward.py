@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kvsim import engine, fastforward, metrics
 from kvsim.config import parse_scenario
+from kvsim.errors import ConfigError
 from kvsim.kv.hashing import BlockHasher
 from kvsim.request import ExplicitTokens, RequestSpec
 from kvsim.workload import build_requests
@@ -381,4 +382,94 @@ def test_lazy_decode_gives_the_bytes_of_step_by_step_on_random_engines(case):
     hash is evicted first, which block each hash finds)."""
     engine_keys, specs = case
     sc = parse_scenario({**sc_raw(), "engine": engine_keys, "run": {"seed": 1, "max_steps": 4000}})
+    assert _run_and_pool(sc, specs, False) == _run_and_pool(sc, specs, True)
+
+
+@pytest.fixture
+def spec_windows(monkeypatch):
+    """Counts the steps speculative decode windows made."""
+    done = {"steps": 0}
+    real = fastforward.SpecWindows._run
+
+    def run(self, *args, **kwargs):
+        n = yield from real(self, *args, **kwargs)
+        done["steps"] += n
+        return n
+
+    monkeypatch.setattr(fastforward.SpecWindows, "_run", run)
+    return done
+
+
+SPEC_CASES = [
+    dict(),  # async (0.33's default with EAGLE), per-position acceptance
+    dict(async_scheduling=False),
+    dict(version="0.19.0"),
+    dict(version="0.22.1", async_scheduling=False),
+    dict(version="0.32.0", speculative={"method": "eagle3", "num_speculative_tokens": 2,
+                                        "acceptance": "fixed", "num_accepted": 1}),
+    dict(speculative={"method": "ngram", "num_speculative_tokens": 4, "acceptance": "fixed",
+                      "num_accepted": 3}, async_scheduling=False),
+    dict(caching=False),
+    dict(speculative={"method": "eagle", "num_speculative_tokens": 3, "parallel_drafting": True},
+         cost={"model": "fitted", "profile": "rtxpro6000-llama-3.1-8b-tp2"},
+         model="llama-3.1-8b", hardware="rtx-pro-6000", tp=2),
+    dict(cost={"layer_profile": "SYNTHETIC"}),
+    dict(request_rate=float("inf"), output_tokens=200, num_requests=40),  # a pool that runs out
+]
+
+
+def spec_raw(speculative=None, num_requests=48, **kw):
+    raw = sc_raw(**kw)
+    raw["speculative"] = speculative or {"method": "eagle", "num_speculative_tokens": 3,
+                                         "acceptance": "per_position",
+                                         "acceptance_rates": [0.9, 0.8, 0.6]}
+    # Requests in lockstep (one length, arriving together) keep a batch steady for windows.
+    raw["workload"].update(num_requests=num_requests, request_rate=kw.get("request_rate", 200.0),
+                           output_tokens=kw.get("output_tokens", 120))
+    raw["engine"]["max_num_seqs"] = 8
+    return raw
+
+
+@pytest.mark.parametrize("case", SPEC_CASES, ids=[str(c) for c in SPEC_CASES])
+def test_speculative_windows_give_the_bytes_of_step_by_step(case, spec_windows):
+    sc = parse_scenario(spec_raw(**case))
+    fast = outputs(sc)
+    assert spec_windows["steps"] > 0, "no window ran: the case tests nothing"
+    assert fast == outputs(sc, check_invariants=True)
+
+
+@st.composite
+def spec_cases(draw):
+    """A random engine with speculative decoding, and requests that run in step or not."""
+    engine_keys, specs = draw(lazy_cases())
+    k = draw(st.integers(1, 5))
+    method = draw(st.sampled_from(["eagle", "eagle3", "ngram", "draft_model"]))
+    spec = {"method": method, "num_speculative_tokens": k,
+            "parallel_drafting": draw(st.booleans()) and method != "ngram"}
+    if method == "draft_model":
+        spec["draft_model"] = "llama-3.2-1b"
+    kind = draw(st.sampled_from(["fixed", "per_position"]))
+    if kind == "fixed":
+        spec.update(acceptance="fixed", num_accepted=draw(st.integers(0, k)))
+    else:
+        spec.update(acceptance="per_position",
+                    acceptance_rates=draw(st.lists(st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+                                                   min_size=1, max_size=1)))
+    if draw(st.booleans()):  # a lockstep batch: one length, arriving together
+        body = specs[0].prompt if specs else ExplicitTokens((1, 2, 3))
+        out = draw(st.integers(40, 160))
+        specs = [RequestSpec(f"l{i}", 0.0, body, out, 0) for i in range(draw(st.integers(2, 24)))]
+    return engine_keys, spec, specs
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec_cases())
+def test_speculative_windows_give_the_bytes_of_step_by_step_on_random_engines(case):
+    engine_keys, spec, specs = case
+    raw = {**sc_raw(), "engine": engine_keys, "speculative": spec,
+           "run": {"seed": 1, "max_steps": 4000}}
+    try:
+        sc = parse_scenario(raw)
+    except ConfigError:
+        return  # a release that refuses the mix (vLLM's own checks)
     assert _run_and_pool(sc, specs, False) == _run_and_pool(sc, specs, True)
