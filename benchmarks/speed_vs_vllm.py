@@ -54,14 +54,44 @@ kind = "synthetic"
 generator = "shared_prefix"
 num_requests = {requests}
 request_rate = inf
-system_prompt_tokens = 0
+system_prompt_tokens = {system}
 user_history_tokens = 0
 num_users = 1
 input_tokens = {prompt}
 output_tokens = {output}
 [run]
 seed = 0
-"""
+{extra}"""
+
+# The workloads: plain decode, and EAGLE with 3 drafts of which 2 are accepted at every
+# verify step, on prompts that share a system prompt (prefix caching hits it).
+CASES = {
+    "plain": dict(requests=6000, prompt=512, output=256, system=0, extra=""),
+    "eagle": dict(requests=12000, prompt=256, output=256, system=256, extra="""\
+[speculative]
+method = "eagle"
+num_speculative_tokens = 3
+acceptance = "fixed"
+num_accepted = 2
+"""),
+}
+
+
+def state_changes(sc, out: Path) -> dict[str, int]:
+    """The state-changing events of the run, the floor any simulator of these semantics pays:
+    arrivals, completions, preemptions, and block boundaries (the blocks each request's table
+    reaches, prompt and outputs and lookahead slots, a prefix hit's included)."""
+    with open(out / "requests.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    e = sc.engine
+    la = sc.speculative.num_speculative_tokens if sc.speculative.method in (
+        "eagle", "eagle3", "mtp", "draft_model") else 0
+    blocks = sum(-(-min(int(r["prompt_tokens"]) + int(r["output_tokens"]) + la, e.max_model_len)
+                   // e.block_size) for r in rows)
+    done = sum(r["finish_step"] != "" for r in rows)
+    preempted = sum(int(r["num_preemptions"]) for r in rows)
+    return {"arrivals": len(rows), "completions": done, "preemptions": preempted,
+            "block_boundaries": blocks, "total": len(rows) + done + preempted + blocks}
 
 
 def compare(out: Path, vllm: dict) -> list[str]:
@@ -95,10 +125,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vllm", default="0.33.0")
     ap.add_argument("--oracle-python", default=None)
+    ap.add_argument("--case", choices=sorted(CASES), nargs="+", default=sorted(CASES))
     ap.add_argument("--seqs", type=int, nargs="+", default=[64, 256])
-    ap.add_argument("--requests", type=int, default=6000)
-    ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--output", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=None, help="(default: the case's)")
+    ap.add_argument("--prompt", type=int, default=None, help="(default: the case's)")
+    ap.add_argument("--output", type=int, default=None, help="(default: the case's)")
     ap.add_argument("--num-gpu-blocks", type=int, default=16384)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3, help="kvsim runs per setting (median)")
@@ -115,57 +146,63 @@ def main() -> int:
     k_env = kvsim_env(work / "pycache")
     lines = []
     failed = False
-    for seqs in args.seqs:
-        path = work / f"speed-{seqs}.toml"
+    for case, seqs in [(c, n) for c in args.case for n in args.seqs]:
+        w = dict(CASES[case])
+        for key in ("requests", "prompt", "output"):
+            if getattr(args, key) is not None:
+                w[key] = getattr(args, key)
+        path = work / f"speed-{case}-{seqs}.toml"
         path.write_text(SCENARIO.format(
             vllm=args.vllm, blocks=args.num_gpu_blocks, seqs=seqs, batched=args.max_num_batched_tokens,
-            mml=max(4096, args.prompt + args.output + 16), requests=args.requests,
-            prompt=args.prompt, output=args.output))
-        # vLLM: the driver's scenario (requests joined where kvsim joins them), its loop timed.
-        inp, res = work / f"vllm-{seqs}.in.json", work / f"vllm-{seqs}.out.json"
-        inp.write_text(json.dumps(driver_scenario(load_scenario(path))))
+            mml=max(4096, w["system"] + w["prompt"] + w["output"] + 16), **w))
+        sc = load_scenario(path)
+        # vLLM: the driver's scenario (requests joined where kvsim joins them, accepting the
+        # drafts kvsim's run accepted), its loop timed.
+        inp, res = work / f"vllm-{case}-{seqs}.in.json", work / f"vllm-{case}-{seqs}.out.json"
+        inp.write_text(json.dumps(driver_scenario(sc)))
         v_wall, v_rc, v_rss = timed([str(python), str(DRIVER), str(inp), str(res)], env)
         vllm = json.loads(res.read_text())
         if v_rc or "error" in vllm:
-            print(f"max_num_seqs {seqs}: vLLM's driver failed: {vllm.get('error')}")
+            print(f"{case} max_num_seqs {seqs}: vLLM's driver failed: {vllm.get('error')}")
             return 1
         v_loop = vllm["timing"]["drive_s"]
         # kvsim: the whole process a user starts.
-        out = work / f"kvsim-{seqs}"
+        out = work / f"kvsim-{case}-{seqs}"
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [*kvsim_command(), "run", str(path), "--out", str(out), "-q"]
+        cmd = [*kvsim_command(), "run", str(path), "--out", str(out), "-q", "--force"]
         if not lines:
             timed(cmd, k_env)  # warm-up: byte-compile kvsim and its imports once
         walls, rss = [], []
         for _ in range(args.repeats):
             k_wall, k_rc, k_rss = timed(cmd, k_env)
             if k_rc:
-                print(f"max_num_seqs {seqs}: kvsim run failed (exit {k_rc})")
+                print(f"{case} max_num_seqs {seqs}: kvsim run failed (exit {k_rc})")
                 return 1
             walls.append(k_wall)
             rss.append(k_rss)
         k_wall, k_rss = statistics.median(walls), max(rss)
-        print(f"max_num_seqs {seqs}: kvsim run " + ", ".join(f"{w:.2f}" for w in walls)
+        print(f"{case} max_num_seqs {seqs}: kvsim run " + ", ".join(f"{x:.2f}" for x in walls)
               + f" s; vLLM loop {v_loop:.2f} s", flush=True)
         bad = compare(out, vllm)
         failed |= bool(bad)
         n_steps, n_req = vllm["num_steps"], len(vllm["requests"])
-        lines.append((seqs, n_steps, n_req, v_loop, v_wall, v_rss, k_wall, k_rss, bad))
-    print(f"{args.requests} requests of {args.prompt} + {args.output} tokens, vLLM {args.vllm} "
-          f"semantics, {args.num_gpu_blocks} blocks, max_num_batched_tokens "
-          f"{args.max_num_batched_tokens}")
-    print(f"{'max_num_seqs':>12} {'steps':>7}  {'vLLM loop s':>11} {'steps/s':>8} {'req/s':>7} "
-          f"{'RSS MiB':>7}  {'kvsim run s':>11} {'steps/s':>8} {'req/s':>7} {'RSS MiB':>7}  "
-          f"{'speed-up':>8}  outputs")
-    for seqs, n_steps, n_req, v_loop, _, v_rss, k_wall, k_rss, bad in lines:
-        print(f"{seqs:>12} {n_steps:>7}  {v_loop:>11.2f} {n_steps / v_loop:>8.0f} "
-              f"{n_req / v_loop:>7.0f} {v_rss:>7}  {k_wall:>11.2f} {n_steps / k_wall:>8.0f} "
-              f"{n_req / k_wall:>7.0f} {k_rss:>7}  {v_loop / k_wall:>7.1f}x  "
-              f"{'identical' if not bad else f'{len(bad)} differences'}")
+        events = state_changes(sc, out)["total"]
+        lines.append((case, w, seqs, n_steps, n_req, v_loop, v_wall, v_rss, k_wall, k_rss, events, bad))
+    print(f"vLLM {args.vllm} semantics, {args.num_gpu_blocks} blocks, max_num_batched_tokens "
+          f"{args.max_num_batched_tokens}; events: arrivals + completions + preemptions + block "
+          f"boundaries")
+    print(f"{'case':>6} {'requests':>9} {'max_num_seqs':>12} {'steps':>7}  {'vLLM loop s':>11} "
+          f"{'steps/s':>8} {'RSS MiB':>7}  {'kvsim run s':>11} {'steps/s':>8} {'req/s':>7} "
+          f"{'RSS MiB':>7} {'events':>9} {'us/event':>8}  {'speed-up':>8}  outputs")
+    for case, w, seqs, n_steps, n_req, v_loop, _, v_rss, k_wall, k_rss, events, bad in lines:
+        print(f"{case:>6} {n_req:>9} {seqs:>12} {n_steps:>7}  {v_loop:>11.2f} "
+              f"{n_steps / v_loop:>8.0f} {v_rss:>7}  {k_wall:>11.2f} {n_steps / k_wall:>8.0f} "
+              f"{n_req / k_wall:>7.0f} {k_rss:>7} {events:>9} {1e6 * k_wall / events:>8.1f}  "
+              f"{v_loop / k_wall:>7.1f}x  {'identical' if not bad else f'{len(bad)} differences'}")
         for b in bad[:5]:
             print(f"    {b}")
     print("(vLLM RSS: the driver process, torch and vLLM imports included; its wall time "
-          "with set-up: " + ", ".join(f"{x[4]:.1f} s" for x in lines) + ")")
+          "with set-up: " + ", ".join(f"{x[6]:.1f} s" for x in lines) + ")")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

@@ -46,6 +46,7 @@ from kvsim.sched import Chunk, Scheduler, StepPlan
 _MAX_BACKOFF = 64  # steps before lazy decode is tried again after a step it couldn't plan
 _MIN_WINDOW = 16  # steps a decode window must promise before members are materialized for it
 _MAX_SPEC_WINDOW = 256  # verify steps whose acceptances a speculative window draws at once
+_MAX_SPEC_BACKOFF = 4  # (a batch turns steady soon after its admissions: look again soon)
 _rank = attrgetter("rank")
 
 
@@ -594,7 +595,10 @@ class SpecWindows:
             return None
         else:
             placeholders, in_flight, offset = 0, 0, -1
-        margin = 2 * n + 2  # steps end well before any request's last tokens
+        # A window of W steps must not reach any request's end: its W outputs (tokens E(W))
+        # finish none (E(W) < outputs_left), and its last chunk still fits max_model_len
+        # whole (E(W - 1) + computed + 1 + k <= max_model_len - 1).
+        mml = p.max_model_len
         steps = min(max_steps, _MAX_SPEC_WINDOW)
         for r in running:
             if (r.num_output_tokens < 1 or r.num_output_placeholders != placeholders
@@ -603,18 +607,19 @@ class SpecWindows:
                     or r.num_computed_tokens - r.num_tokens != offset
                     or sched.chunk_size(r) != n):
                 return None
-            steps = min(steps, sched.outputs_left(r) - margin)
+            steps = min(steps, sched.outputs_left(r) - 1)
             if steps < _MIN_WINDOW:
                 return None
         rows = []
         for r in running:
             row = self.accept.peek(r, k, steps)
-            total, last = sched.outputs_left(r) - margin, 0
-            for j, a in enumerate(row):  # no more steps than its tokens allow
-                last += 1 + a
-                if last > total:
+            cap, fit = sched.outputs_left(r) - 1, mml - 1 - n - r.num_computed_tokens
+            emitted = 0
+            for j, a in enumerate(row):
+                if emitted > fit or emitted + 1 + a > cap:
                     steps = j
                     break
+                emitted += 1 + a
             if steps < _MIN_WINDOW:
                 return None
             rows.append(row)
@@ -629,7 +634,7 @@ class SpecWindows:
         rows = self._steady(step, max_steps)
         if rows is None:
             self.retry_at = step + self.backoff
-            self.backoff = min(2 * self.backoff, _MAX_BACKOFF)
+            self.backoff = min(2 * self.backoff, _MAX_SPEC_BACKOFF)
             return 0
         self.backoff = 1
         return (yield from self._run(env, cost, arrivals, step, rows, max_sim_time_s, record,
@@ -692,7 +697,7 @@ class SpecWindows:
         events = []
         pi, pj = np.nonzero(pops[:, :done])
         for i, j, count in zip(pi.tolist(), pj.tolist(), pops[pi, pj].tolist()):
-            events.extend([((2 * j * num_running + i) * 2, 0, 0)] * count)
+            events.extend([((2 * j * num_running + i) * 2, 0)] * count)
         if kv.enable_caching:
             # Published full blocks: by the allocation (up to the tokens), by the output
             # (``published_after_output``, a fixed offset from the tokens in steady decode).
@@ -712,9 +717,17 @@ class SpecWindows:
                               dtype=np.int64)[:, None]
             before = np.maximum.accumulate(np.concatenate([cached, target[:, :-1]], axis=1), axis=1)
             ei, ej = np.nonzero(target > before)
-            for i, j, tok, up in zip(ei.tolist(), ej.tolist(), tokens[ei, ej].tolist(),
-                                     upto[ei, ej].tolist()):
-                events.append(((j * num_running + i) * 2 + 1, tok, up))
+            for i, j, num_full in zip(ei.tolist(), ej.tolist(), target[ei, ej].tolist()):
+                events.append(((j * num_running + i) * 2 + 1, num_full))
+            # Each request's block hashes up to what it publishes last, in one pass (ids are
+            # interned in another order than step by step; only their equality is read).
+            final = np.maximum(before[:, -1], target[:, -1]).tolist()
+            hasher = kv.hasher
+            for r, num_full, out in zip(running, final, (t0[:, 0] + emitted[:, done]).tolist()):
+                if num_full > len(r.block_hashes):
+                    kept, r.num_output_tokens = r.num_output_tokens, out - r.num_prompt_tokens
+                    hasher.block_hashes(r, num_full)
+                    r.num_output_tokens = kept
         events.sort()
         outs = [r.num_output_tokens for r in running]
         # The window's pops come off the free queue in one call (nothing else changes it in
@@ -734,11 +747,10 @@ class SpecWindows:
                 wake = arrivals.next_arrival_s()
             limit = (2 * (j + 1) * num_running) * 2
             while ei < num_events and events[ei][0] < limit:
-                key, tok, up = events[ei]
+                key, num_full = events[ei]
                 r = running[(key >> 1) % num_running]
-                if key & 1:  # a publication, the request's tokens as they are then
-                    r.num_output_tokens = tok - r.num_prompt_tokens
-                    kv.cache_blocks(r, up)
+                if key & 1:  # a publication: what cache_blocks publishes then
+                    kv.publish_blocks(r, num_full)
                 else:
                     tables[r.req_id].append(next(blocks))
                 ei += 1

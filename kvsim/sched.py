@@ -469,7 +469,7 @@ class Scheduler:
             n = min(n, budget[0], budget[1] - self.draft_slots)
         if self.kv.mamba_align:
             n = self._mamba_block_aligned_split(req, n)
-        if self.spec.num_prefill_lookahead:
+        if self.spec.num_prefill_lookahead and computed + n < req.num_tokens:  # (a prefill)
             n = self._reserve_prefill_lookahead(req, computed, n)
         return n
 

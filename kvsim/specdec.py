@@ -116,8 +116,11 @@ class Acceptance:
         self.log: dict[int, list[int]] | None = {} if record else None
 
     def __call__(self, req: Request, num_drafts: int) -> int:
-        if self.kind == "fixed" and self.log is None:
-            return min(self.fixed, num_drafts)
+        if self.log is None:
+            if self.kind == "fixed":
+                return min(self.fixed, num_drafts)
+            if self.kind == "per_position" and not self._ahead.get(req.seq):
+                return self._count(self._rng(req).random, num_drafts)
         return self.take(req, num_drafts, 1)[0]
 
     def peek(self, req: Request, num_drafts: int, count: int) -> list[int]:
@@ -129,13 +132,13 @@ class Acceptance:
             seq = req.accepted_trace or (0,)
             done = req.num_verify_steps
             return [min(seq[(done + i) % len(seq)], num_drafts) for i in range(count)]
-        return self._per_position(req, num_drafts, count)[0]
+        return self._ahead_counts(req, num_drafts, count)[0]
 
     def take(self, req: Request, num_drafts: int, count: int) -> list[int]:
         """``peek``, used up: the request's next ``count`` verify steps (their ``num_verify_steps``
         counted by the caller after)."""
         if self.kind == "per_position":
-            out, used = self._per_position(req, num_drafts, count)
+            out, used = self._ahead_counts(req, num_drafts, count)
             del self._ahead[req.seq][:used]
         else:
             out = self.peek(req, num_drafts, count)
@@ -143,28 +146,35 @@ class Acceptance:
             self.log.setdefault(req.seq, []).extend(out)
         return out
 
-    def _per_position(self, req: Request, num_drafts: int, count: int) -> tuple[list[int], int]:
-        """Drafts accepted in order until the first rejection, position i with probability
-        ``rates[i]``: ``count`` verify steps' accepted counts, and the uniforms they use (drawn
-        ahead into the request's buffer as needed)."""
+    def _rng(self, req: Request) -> random.Random:
         rng = self._rngs.get(req.seq)
         if rng is None:
             rng = self._rngs[req.seq] = random.Random(f"{self.seed}:{req.seq}")
-        ahead = self._ahead.setdefault(req.seq, [])
+        return rng
+
+    def _count(self, draw, num_drafts: int) -> int:
+        """per_position: drafts accepted in order until the first rejection, position i
+        with probability ``rates[i]``, on uniforms from ``draw``."""
         rates, last = self.rates, len(self.rates) - 1
-        out = []
+        accepted = 0
+        while accepted < num_drafts and draw() < rates[min(accepted, last)]:
+            accepted += 1
+        return accepted
+
+    def _ahead_counts(self, req: Request, num_drafts: int, count: int) -> tuple[list[int], int]:
+        """``count`` verify steps' accepted counts on the request's uniforms drawn ahead (more
+        drawn into its buffer as needed), and how many of them they use."""
+        ahead = self._ahead.setdefault(req.seq, [])
+        more = self._rng(req).random
         pos = 0
-        for _ in range(count):
-            accepted = 0
-            while accepted < num_drafts:
-                if pos == len(ahead):
-                    ahead.append(rng.random())
-                pos += 1
-                if ahead[pos - 1] >= rates[min(accepted, last)]:
-                    break
-                accepted += 1
-            out.append(accepted)
-        return out, pos
+
+        def draw() -> float:
+            nonlocal pos
+            if pos == len(ahead):
+                ahead.append(more())
+            pos += 1
+            return ahead[pos - 1]
+        return [self._count(draw, num_drafts) for _ in range(count)], pos
 
     def forget(self, req: Request) -> None:
         """Drop a finished request's random stream."""

@@ -208,12 +208,15 @@ class KVCacheManager:
         hashes = req.block_hashes
         if len(hashes) < num_full:  # (else block_hashes would return them as they are)
             hashes = self.hasher.block_hashes(req, num_full)
-        num_full = min(num_full, len(hashes))  # lookahead hashes trail the tokens
-        if num_cached >= num_full:
-            return
-        self.pool.cache_full_blocks(self.req_to_blocks[req.req_id], hashes, num_cached, num_full,
-                                    self.block_size)
-        self.num_cached_block[req.req_id] = num_full
+        self.publish_blocks(req, min(num_full, len(hashes)))  # lookahead hashes trail the tokens
+
+    def publish_blocks(self, req: Request, num_full: int) -> None:
+        """Publish the request's first ``num_full`` blocks, their hashes already made."""
+        num_cached = self.num_cached_block.get(req.req_id, 0)
+        if num_full > num_cached:
+            self.pool.cache_full_blocks(self.req_to_blocks[req.req_id], req.block_hashes,
+                                        num_cached, num_full, self.block_size)
+            self.num_cached_block[req.req_id] = num_full
 
     def free(self, req: Request) -> None:
         """Release the request's blocks, tail first, so its tail is evicted before its head."""
