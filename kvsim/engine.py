@@ -347,7 +347,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
             num_sampled = sum(c.samples for c in plan.scheduled)
             if plan.num_lazy:  # (lazy decode runs without speculative decoding: no drafter)
                 duration = cost.step_time_s(chunks, num_sampled + plan.num_lazy,
-                                            (plan.num_lazy, plan.lazy_kv, plan.lazy_longest,
+                                            (plan.num_lazy, 1, plan.lazy_kv, plan.lazy_longest,
                                              plan.lazy_shortest))
             else:
                 duration = cost.step_time_s(chunks, num_sampled)

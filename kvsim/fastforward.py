@@ -469,7 +469,7 @@ def run(env, sched, cost, queue, arrivals, step: int, k: int,
         if (max_sim_time_s is not None and t >= max_sim_time_s) or (
                 not full and wake is not None and wake <= t):
             break
-        d = step_time((), num_running, (num_running, sum_context + (j + 1) * num_running,
+        d = step_time((), num_running, (num_running, 1, sum_context + (j + 1) * num_running,
                                         longest + j + 1, shortest + j + 1))
         starts.append(t)
         durations.append(d)
@@ -675,17 +675,23 @@ class SpecWindows:
         starts: list[float] = []
         durations: list[tuple[float, float]] = []
         t = env.now
-        contexts = context.T.tolist()
+        # Each executed step's chunks (n, c) as sums (``Decodes``).
+        total = (context.sum(axis=0) + num_running * n).tolist()
+        longest = (context.max(axis=0) + n).tolist()
+        shortest = (context.min(axis=0) + n).tolist()
         for j in range(steps):
             if (max_sim_time_s is not None and t >= max_sim_time_s) or (
                     not full and wake is not None and wake <= t):
                 break
             if lag and j == 0:
                 chunks = [(c.num_new_tokens, c.num_computed_before) for c in self.queue[0][0].scheduled]
+                d = cost.step_time_s(chunks, num_running)
+                dr = cost.draft_time_s(chunks, num_running)
             else:
-                chunks = [(n, c) for c in contexts[j - lag]]
-            d = cost.step_time_s(chunks, num_running)
-            dr = cost.draft_time_s(chunks, num_running)
+                i = j - lag
+                sums = (num_running, n, total[i], longest[i], shortest[i])
+                d = cost.step_time_s((), num_running, sums)
+                dr = cost.draft_time_s((), num_running, sums)
             starts.append(t)
             durations.append((d, dr))
             t = t + (d + dr)
@@ -778,7 +784,7 @@ class SpecWindows:
             r.num_verify_steps += done
         if lag:
             # The last step scheduled stays in flight.
-            last = contexts[done - 1]
+            last = context[:, done - 1].tolist()
             self.queue[0] = (StepPlan(scheduled=[
                 Chunk(r, n, c, k, samples=True) for r, c in zip(running, last)]), step + done - 1)
         return done

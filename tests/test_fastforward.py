@@ -193,26 +193,35 @@ def test_streamed_results_are_the_bytes_of_the_in_memory_ones():
 @pytest.mark.parametrize("case", CASES[-4:], ids=["roofline-tp2", "fitted-tp2", "fitted-moe",
                                                   "interpolated"])
 def test_lazy_decodes_cost_what_their_chunks_cost(case):
-    """``step_time_s`` with one-token chunks given as sums (count, Σ(c + 1), max(c + 1),
-    min(c + 1)), as a lazily planned step times them, is ``step_time_s`` of those chunks
-    listed, bit for bit, for any contexts, beside prefill chunks or alone."""
+    """``step_time_s`` and ``draft_time_s`` with decode chunks of one length given as sums
+    (count, n, Σ(c + n), max(c + n), min(c + n)), as lazy decode and windows time them, are
+    those of the chunks listed, bit for bit, for any contexts, beside prefill chunks or
+    alone."""
     import random
 
     from kvsim.assemble import cost_inputs
     from kvsim.cost import COST_MODELS
 
-    sc = scenario(**case)
-    cost = COST_MODELS[sc.cost.model](cost_inputs(sc))
     rng = random.Random(5)
-    for n in (1, 2, 7, 64, 256):
-        contexts = [rng.randrange(0, 40_000) for _ in range(n)]
-        decodes = [(1, c) for c in contexts]
-        sums = (n, sum(c + 1 for c in contexts), max(c + 1 for c in contexts),
-                min(c + 1 for c in contexts))
-        for prefills in ([], [(rng.randrange(2, 9000), rng.randrange(0, 9000)) for _ in range(3)]):
-            num_sampled = n + len(prefills)
-            listed = cost.step_time_s([*prefills, *decodes], num_sampled)
-            assert cost.step_time_s(prefills, num_sampled, sums) == listed
+    for k in (0, 1, 3):  # one-token decodes, and verify chunks of 1 + k (with a drafter)
+        raw = sc_raw(**case)
+        if k:
+            raw["speculative"] = {"method": "eagle", "num_speculative_tokens": k}
+        sc = parse_scenario(raw)
+        cost = COST_MODELS[sc.cost.model](cost_inputs(sc))
+        for count in (1, 2, 7, 64, 256):
+            contexts = [rng.randrange(0, 40_000) for _ in range(count)]
+            decodes = [(1 + k, c) for c in contexts]
+            sums = (count, 1 + k, sum(c + 1 + k for c in contexts),
+                    max(c + 1 + k for c in contexts), min(c + 1 + k for c in contexts))
+            for prefills in ([], [(rng.randrange(2 + k, 9000), rng.randrange(0, 9000))
+                                  for _ in range(3)]):
+                num_sampled = count + len(prefills)
+                listed = cost.step_time_s([*prefills, *decodes], num_sampled)
+                assert cost.step_time_s(prefills, num_sampled, sums) == listed
+                listed = cost.draft_time_s([*prefills, *decodes], num_sampled)
+                assert cost.draft_time_s(prefills, num_sampled, sums) == listed
+                assert not k or listed > 0
 
 
 def test_a_clusters_replicas_decode_lazily_and_one_replica_matches_a_lone_run(windows):

@@ -127,7 +127,7 @@ def test_lazy_decode_sums_cost_what_their_chunks_cost(tmp_path):
     sc = parse_scenario(_scenario(synthetic_layer_profile(tmp_path / "p")))
     cost = COST_MODELS["interpolated"](cost_inputs(sc))
     contexts = [5, 900, 77, 3000, 12_000]
-    sums = (5, sum(c + 1 for c in contexts), max(contexts) + 1, min(contexts) + 1)
+    sums = (5, 1, sum(c + 1 for c in contexts), max(contexts) + 1, min(contexts) + 1)
     for prefills in ([], [(300, 40)], [(700, 0), (2000, 9000)]):
         listed = cost.step_time_s([*prefills, *[(1, c) for c in contexts]], 5 + len(prefills))
         assert cost.step_time_s(prefills, 5 + len(prefills), sums) == listed

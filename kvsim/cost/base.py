@@ -15,8 +15,9 @@ from typing import Protocol
 from kvsim.model import ModelCfg
 from kvsim.specdec import SpecMethod
 
-# One-token decode chunks ``(1, c)`` given as sums: (count, Σ(c + 1), max(c + 1), min(c + 1)).
-Decodes = tuple[int, int, int, int]
+# Decode chunks ``(n, c)`` of one length n given as sums: (count, n, Σ(c + n), max(c + n),
+# min(c + n)); whole numbers, so that sums of them are the floats chunk-by-chunk addition gives.
+Decodes = tuple[int, int, float, float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +49,18 @@ class CostInputs:
 
 class StepCost(Protocol):
     """A step-time model: seconds of a step over ``chunks``, pairs ``(n new tokens, c tokens of
-    context)``, with ``num_sampled`` rows sampled; ``decodes`` stands for further one-token
-    chunks ``(1, c)`` as ``Decodes`` (count, Σ(c + 1), max(c + 1), min(c + 1)), giving the
-    same seconds as those chunks listed."""
+    context)``, with ``num_sampled`` rows sampled; ``decodes`` stands for further decode
+    chunks ``(n, c)`` of one length (one token, or a verify step's 1 + k) as ``Decodes``
+    (count, n, Σ(c + n), max(c + n), min(c + n)), giving the same seconds as those chunks
+    listed, bit for bit."""
 
     label: str
 
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_sampled: int,
                     decodes: Decodes | None = None) -> float: ...
 
-    def draft_time_s(self, chunks: Sequence[tuple[int, int]], num_sampled: int) -> float: ...
+    def draft_time_s(self, chunks: Sequence[tuple[int, int]], num_sampled: int,
+                     decodes: Decodes | None = None) -> float: ...
 
     def moe_time_s(self, tokens: float, ranks: int = 1) -> float:
         """Seconds, within a target step, of the routed experts' work for ``tokens`` tokens on
@@ -67,9 +70,14 @@ class StepCost(Protocol):
         ...
 
 
-def drafter_passes(chunks: Sequence[tuple[int, int]], num_sampled: int):
+def drafter_passes(chunks: Sequence[tuple[int, int]], num_sampled: int,
+                   decodes: Decodes | None = None):
     """The drafter's passes in a step: ``((chunks, rows), (chunks, rows))`` of its first pass,
-    over the step's chunks with one row per sampling request, and of each of its other k − 1
-    passes, one token per sampling request at the batch's mean context."""
-    context = sum(c + n for n, c in chunks) / len(chunks)
-    return (chunks, num_sampled), ([(1, context)] * num_sampled, num_sampled)
+    over the step's chunks (and ``decodes``, which it keeps as they are) with one row per
+    sampling request, and of each of its other k − 1 passes, one token per sampling request at
+    the batch's mean context."""
+    total: float = sum(c + n for n, c in chunks)  # (whole numbers: exact)
+    count = len(chunks)
+    if decodes is not None:
+        total, count = total + decodes[2], count + decodes[0]
+    return (chunks, num_sampled), ([(1, total / count)] * num_sampled, num_sampled)

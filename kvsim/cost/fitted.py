@@ -71,20 +71,20 @@ def expert_share(tokens: float, num_experts: int, top_k: int) -> float:
 
 
 def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int, int] = (0, 0),
-             decodes: tuple[int, float, float, float] | None = None):
+             decodes: Decodes | None = None):
     """``(T, Ap, Kp, Kd_pure, Kd_mixed, L_mixed, E, R_pure, R_mixed, S)`` of one pass over
     ``chunks`` (pairs ``(n, c)``) with ``num_rows`` LM-head rows: decode KV, the longest
     sequence and the chunk count go to the pure-decode or the mixed column by the step's kind
     (``L``/``R`` mixed only when decodes run beside a prefill). A chunk of at most
     ``max_decode_len`` tokens is a decode chunk; ``experts`` is ``(num_experts, top_k)``.
-    ``decodes``: further one-token chunks ``(1, c)`` as (count, Σ(c + 1), max(c + 1),
-    min(c + 1)) (whole numbers: the sums are the floats chunk-by-chunk addition gives)."""
+    ``decodes``: further decode chunks as ``Decodes`` (whole numbers: the sums are the floats
+    chunk-by-chunk addition gives)."""
     tokens = pairs = kv_prefill = kv_decode = 0.0
     longest = 0.0
     num_chunks = num_prefill = 0
     if decodes is not None:
-        num_chunks, kv_decode, longest = decodes[0], float(decodes[1]), float(decodes[2])
-        tokens = float(num_chunks)
+        num_chunks, kv_decode, longest = decodes[0], float(decodes[2]), float(decodes[3])
+        tokens = float(num_chunks * decodes[1])
     for n, c in chunks:
         tokens += n
         length = c + n
@@ -105,17 +105,19 @@ def features(chunks, num_rows: int, max_decode_len: int = 1, experts: tuple[int,
             float(num_chunks) if mixed else 0.0, float(num_rows))
 
 
-def lm_head_rows(chunks, num_sampled: int, max_decode_len: int = 1) -> int:
+def lm_head_rows(chunks, num_sampled: int, max_decode_len: int = 1,
+                 decodes: Decodes | None = None) -> int:
     """Rows of a target pass through the LM head: it scores every verified position, 1 + k
     rows per verifying request (a decode chunk of n tokens adds n − 1 rows to its sampled one)."""
-    return num_sampled + sum(n - 1 for n, _ in chunks if n <= max_decode_len)
+    extra = decodes[0] * (decodes[1] - 1) if decodes is not None else 0
+    return num_sampled + extra + sum(n - 1 for n, _ in chunks if n <= max_decode_len)
 
 
 def step_features(chunks, num_sampled: int, max_decode_len: int = 1,
                   experts: tuple[int, int] = (0, 0), decodes: Decodes | None = None):
     """``features`` of a target pass (``lm_head_rows`` rows)."""
-    return features(chunks, lm_head_rows(chunks, num_sampled, max_decode_len), max_decode_len,
-                    experts, decodes)
+    return features(chunks, lm_head_rows(chunks, num_sampled, max_decode_len, decodes),
+                    max_decode_len, experts, decodes)
 
 
 def pass_time_s(params: dict[str, float], feats) -> float:
@@ -246,8 +248,7 @@ class FittedCost:
     def step_time_s(self, chunks, num_sampled: int,
                     decodes: Decodes | None = None) -> float:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``) and
-        ``decodes``: (count, Σ(c + 1), max(c + 1), min(c + 1)) of further one-token chunks
-        ``(1, c)``."""
+        ``decodes`` (further chunks as ``Decodes``)."""
         feats = step_features(chunks, num_sampled, self.max_decode_len, self.experts, decodes)
         return (self.overhead_s + pass_time_s(self.target, feats)
                 + self.allreduce.time_s(feats[0], self.num_layers))
@@ -256,12 +257,12 @@ class FittedCost:
         """The profile's routed-expert term, ``a_moe × E(tokens)``, on a ``1/ranks`` share."""
         return self.target["a_moe_s"] * expert_share(tokens, *self.experts) / ranks
 
-    def draft_time_s(self, chunks, num_sampled: int) -> float:
+    def draft_time_s(self, chunks, num_sampled: int, decodes: Decodes | None = None) -> float:
         """Seconds the drafter adds: one pass over the step's chunks, then k − 1 one-row passes."""
         if self.drafter is None or not num_sampled:
             return 0.0
-        (first, rows), (rest, rest_rows) = drafter_passes(chunks, num_sampled)
-        feats = features(first, rows, self.max_decode_len, self.experts)
+        (first, rows), (rest, rest_rows) = drafter_passes(chunks, num_sampled, decodes)
+        feats = features(first, rows, self.max_decode_len, self.experts, decodes)
         seconds = pass_time_s(self.drafter, feats) + self.allreduce.time_s(feats[0], 1)
         feats = features(rest, rest_rows, 1, self.experts)
         rest_s = pass_time_s(self.drafter, feats) + self.allreduce.time_s(feats[0], 1)

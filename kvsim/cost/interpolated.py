@@ -90,10 +90,11 @@ class GridStep:
 
     @staticmethod
     def of(chunks, num_rows: int, max_decode_len: int, decodes: Decodes | None = None) -> GridStep:
-        """The pass over ``chunks`` (pairs ``(n, c)``) and ``decodes`` (further one-token chunks
-        as count, Σ(c + 1), max(c + 1), min(c + 1)) with ``num_rows`` LM-head rows."""
-        count, kv, longest, shortest = decodes if decodes is not None else (0, 0, 0, math.inf)
-        tokens = float(count)
+        """The pass over ``chunks`` (pairs ``(n, c)``) and ``decodes`` (further decode chunks
+        as ``Decodes``) with ``num_rows`` LM-head rows."""
+        count, length, kv, longest, shortest = (decodes if decodes is not None
+                                                else (0, 0, 0, 0, math.inf))
+        tokens = float(count * length)
         prefills = []
         for n, c in chunks:
             tokens += n
@@ -109,8 +110,8 @@ class GridStep:
 
     def fitted_s(self, params: dict[str, float], experts: tuple[int, int]) -> float:
         """The fitted form's seconds for this pass."""
-        decodes = ((self.num_decodes, self.decode_kv, self.longest, self.shortest)
-                   if self.num_decodes else None)
+        decodes = ((self.num_decodes, 1, self.decode_kv, self.longest, self.shortest)
+                   if self.num_decodes else None)  # (the fitted form's decodes: one token)
         return pass_time_s(params, features(self.prefills, int(self.rows), 1, experts, decodes))
 
 
@@ -308,9 +309,8 @@ class InterpolatedCost:
 
     def step_time_s(self, chunks, num_sampled: int, decodes: Decodes | None = None) -> float:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``) and
-        ``decodes``: (count, Σ(c + 1), max(c + 1), min(c + 1)) of further one-token chunks
-        ``(1, c)``."""
-        rows = lm_head_rows(chunks, num_sampled, self.max_decode_len)
+        ``decodes`` (further chunks as ``Decodes``)."""
+        rows = lm_head_rows(chunks, num_sampled, self.max_decode_len, decodes)
         step = GridStep.of(chunks, rows, self.max_decode_len, decodes)
         return self.overhead_s + self._pass_s(step, self.num_layers, self.fit_target)
 
@@ -319,13 +319,14 @@ class InterpolatedCost:
         experts (``moe.csv`` past its tokens: linear in them, from its last two rows)."""
         return 1e-6 * self.num_layers * self.layers.moe_us(tokens, ranks)
 
-    def draft_time_s(self, chunks, num_sampled: int) -> float:
+    def draft_time_s(self, chunks, num_sampled: int, decodes: Decodes | None = None) -> float:
         """Seconds the drafter adds: one pass over the step's chunks, then k − 1 one-row passes."""
         if not self.num_draft_passes or not num_sampled:
             return 0.0
         assert self.fit_draft is not None  # every profile folder composes a drafter pass
-        (first, rows), (rest, rest_rows) = drafter_passes(chunks, num_sampled)
-        seconds = self._pass_s(GridStep.of(first, rows, self.max_decode_len), 1, self.fit_draft)
+        (first, rows), (rest, rest_rows) = drafter_passes(chunks, num_sampled, decodes)
+        seconds = self._pass_s(GridStep.of(first, rows, self.max_decode_len, decodes), 1,
+                               self.fit_draft)
         if self.num_draft_passes > 1:
             seconds += (self.num_draft_passes - 1) * self._pass_s(
                 GridStep.of(rest, rest_rows, 1), 1, self.fit_draft)

@@ -48,13 +48,14 @@ class _Pass:
 
     def time_s(self, chunks, num_rows: int, flops_per_s: float, bytes_per_s: float,
                decodes: Decodes | None = None) -> float:
-        """``decodes``: further one-token chunks ``(1, c)``, as (count, Σ(c + 1), max(c + 1),
-        min(c + 1))."""
+        """``decodes``: further chunks ``(n, c)`` of one length, as ``Decodes``."""
         tokens = pairs = kv_read = 0.0
         if decodes is not None:
-            # Whole-number sums (pairs of a (1, c) chunk: c + 1) far below 2**53: added in
-            # any order they give the same floats as chunk by chunk.
-            tokens, pairs, kv_read = float(decodes[0]), float(decodes[1]), float(decodes[1])
+            # Whole-number sums (pairs of an (n, c) chunk: n·c + n(n + 1)/2) far below 2**53:
+            # added in any order they give the same floats as chunk by chunk.
+            count, n, total = decodes[0], decodes[1], decodes[2]
+            tokens, pairs = float(count * n), float(n * total - count * n * (n - 1) // 2)
+            kv_read = float(total)
         for n, c in chunks:
             tokens += n
             pairs += n * (c + (n + 1) / 2)
@@ -122,9 +123,9 @@ class RooflineCost:
     def step_time_s(self, chunks, num_sampled: int,
                     decodes: Decodes | None = None) -> float:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``) and
-        ``decodes``: (count, Σ(c + 1), max(c + 1), min(c + 1)) of further one-token chunks
-        ``(1, c)``, the same seconds, bit for bit, as with those chunks listed."""
-        tokens = sum(n for n, _ in chunks) + (decodes[0] if decodes is not None else 0)
+        ``decodes`` (further chunks as ``Decodes``), the same seconds, bit for bit, as with
+        those chunks listed."""
+        tokens = sum(n for n, _ in chunks) + (decodes[0] * decodes[1] if decodes is not None else 0)
         return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
                                                      self.bytes_per_s, decodes)
                 + self.allreduce.time_s(tokens, self.num_layers))
@@ -134,13 +135,17 @@ class RooflineCost:
         (the roofline reads every weight each step; this is the experts' share of that read)."""
         return self.expert_read_s * expert_share(tokens, *self.experts) / ranks
 
-    def draft_time_s(self, chunks, num_sampled: int) -> float:
+    def draft_time_s(self, chunks, num_sampled: int, decodes: Decodes | None = None) -> float:
         """Seconds the drafter adds to the step (0 without speculative decoding or for ngram)."""
         if self.drafter is None or not num_sampled:
             return 0.0
-        first = (self.drafter.time_s(chunks, num_sampled, self.flops_per_s, self.bytes_per_s)
-                 + self.allreduce.time_s(sum(n for n, _ in chunks), self.draft_layers))
-        rest = (self.drafter.time_s([(1, 0)] * num_sampled, num_sampled, self.flops_per_s,
-                                    self.bytes_per_s)
+        tokens = sum(n for n, _ in chunks) + (decodes[0] * decodes[1] if decodes is not None else 0)
+        first = (self.drafter.time_s(chunks, num_sampled, self.flops_per_s, self.bytes_per_s,
+                                     decodes)
+                 + self.allreduce.time_s(tokens, self.draft_layers))
+        # Its other passes: one token per sampling request, at no context (num_sampled
+        # chunks (1, 0)).
+        rest = (self.drafter.time_s((), num_sampled, self.flops_per_s, self.bytes_per_s,
+                                    (num_sampled, 1, num_sampled, 1, 1))
                 + self.allreduce.time_s(num_sampled, self.draft_layers))
         return first + (self.num_draft_passes - 1) * rest
