@@ -46,7 +46,6 @@ from kvsim.sched import Chunk, Scheduler, StepPlan
 _MAX_BACKOFF = 64  # steps before lazy decode is tried again after a step it couldn't plan
 _MIN_WINDOW = 16  # steps a decode window must promise before members are materialized for it
 _MAX_SPEC_WINDOW = 256  # verify steps whose acceptances a speculative window draws at once
-_MAX_SPEC_BACKOFF = 4  # (a batch turns steady soon after its admissions: look again soon)
 _rank = attrgetter("rank")
 
 
@@ -572,8 +571,6 @@ class SpecWindows:
         self.queue = queue
         self.accept = accept
         self.k = sched.spec.num_speculative_tokens
-        self.retry_at = 0
-        self.backoff = 1
 
     def _steady(self, step: int, max_steps: int):
         """The window's running requests' acceptances (one row per request), or None."""
@@ -629,14 +626,9 @@ class SpecWindows:
             record, progress, num_finished: int):
         """Simulate a window of verify steps, the next to schedule being ``step`` (a SimPy
         generator); returns the steps scheduled (0: no window here)."""
-        if step < self.retry_at:
-            return 0
-        rows = self._steady(step, max_steps)
+        rows = self._steady(step, max_steps)  # (cheap when not: the first misfit says so)
         if rows is None:
-            self.retry_at = step + self.backoff
-            self.backoff = min(2 * self.backoff, _MAX_SPEC_BACKOFF)
             return 0
-        self.backoff = 1
         return (yield from self._run(env, cost, arrivals, step, rows, max_sim_time_s, record,
                                      progress, num_finished))
 
