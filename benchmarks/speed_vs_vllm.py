@@ -187,14 +187,14 @@ def main() -> int:
         failed |= bool(bad)
         n_steps, n_req = vllm["num_steps"], len(vllm["requests"])
         events = state_changes(sc, out)["total"]
-        lines.append((case, w, seqs, n_steps, n_req, v_loop, v_wall, v_rss, k_wall, k_rss, events, bad))
+        lines.append((case, seqs, n_steps, n_req, v_loop, v_wall, v_rss, k_wall, k_rss, events, bad))
     print(f"vLLM {args.vllm} semantics, {args.num_gpu_blocks} blocks, max_num_batched_tokens "
           f"{args.max_num_batched_tokens}; events: arrivals + completions + preemptions + block "
           f"boundaries")
     print(f"{'case':>6} {'requests':>9} {'max_num_seqs':>12} {'steps':>7}  {'vLLM loop s':>11} "
           f"{'steps/s':>8} {'RSS MiB':>7}  {'kvsim run s':>11} {'steps/s':>8} {'req/s':>7} "
           f"{'RSS MiB':>7} {'events':>9} {'us/event':>8}  {'speed-up':>8}  outputs")
-    for case, w, seqs, n_steps, n_req, v_loop, _, v_rss, k_wall, k_rss, events, bad in lines:
+    for case, seqs, n_steps, n_req, v_loop, _, v_rss, k_wall, k_rss, events, bad in lines:
         print(f"{case:>6} {n_req:>9} {seqs:>12} {n_steps:>7}  {v_loop:>11.2f} "
               f"{n_steps / v_loop:>8.0f} {v_rss:>7}  {k_wall:>11.2f} {n_steps / k_wall:>8.0f} "
               f"{n_req / k_wall:>7.0f} {k_rss:>7} {events:>9} {1e6 * k_wall / events:>8.1f}  "
@@ -202,7 +202,7 @@ def main() -> int:
         for b in bad[:5]:
             print(f"    {b}")
     print("(vLLM RSS: the driver process, torch and vLLM imports included; its wall time "
-          "with set-up: " + ", ".join(f"{x[6]:.1f} s" for x in lines) + ")")
+          "with set-up: " + ", ".join(f"{x[5]:.1f} s" for x in lines) + ")")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

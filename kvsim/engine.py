@@ -272,11 +272,12 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     last_step_s = 0.0
     # Lazy decode, for a lone engine and a router's replicas (which bring their requests up
     # to date when the router reads them); decode windows only alone on the clock.
-    lazy = (fastforward.LazyDecode(sched, queue)
-            if link is None and not check_invariants and fastforward.applies(sched, accept)
-            else None)
-    spec = (fastforward.SpecWindows(sched, queue, accept)
-            if alone and not check_invariants and fastforward.spec_applies(sched, accept) else None)
+    lazy: fastforward.LazyDecode | None = None
+    if link is None and not check_invariants:
+        if fastforward.applies(sched, accept):
+            lazy = fastforward.LazyDecode(sched, queue)
+        elif alone and fastforward.spec_applies(sched, accept):  # (a router reads nothing of it)
+            lazy = fastforward.SpecLazyDecode(sched, queue, accept)
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:
         now = env.now
@@ -296,13 +297,6 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps is None
                 else limits.max_steps - step, limits.max_sim_time_s, decode_record, progress,
                 num_finished)
-            if done:
-                step += done
-                continue
-        if spec is not None:
-            done = yield from spec.run(env, cost, arrivals, step, _MAX_WINDOW if limits.max_steps
-                                       is None else limits.max_steps - step,
-                                       limits.max_sim_time_s, decode_record, progress, num_finished)
             if done:
                 step += done
                 continue
@@ -345,10 +339,11 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                     c.req.first_scheduled_step, c.req.first_scheduled_s = index, start
             chunks = [(c.num_new_tokens, c.num_computed_before) for c in plan.scheduled]
             num_sampled = sum(c.samples for c in plan.scheduled)
-            if plan.num_lazy:  # (lazy decode runs without speculative decoding: no drafter)
-                duration = cost.step_time_s(chunks, num_sampled + plan.num_lazy,
-                                            (plan.num_lazy, 1, plan.lazy_kv, plan.lazy_longest,
-                                             plan.lazy_shortest))
+            if plan.num_lazy:
+                sums = (plan.num_lazy, plan.lazy_len, plan.lazy_kv, plan.lazy_longest,
+                        plan.lazy_shortest)
+                duration = cost.step_time_s(chunks, num_sampled + plan.num_lazy, sums)
+                draft = cost.draft_time_s(chunks, num_sampled + plan.num_lazy, sums)
             else:
                 duration = cost.step_time_s(chunks, num_sampled)
                 draft = cost.draft_time_s(chunks, num_sampled)
@@ -508,15 +503,16 @@ def _decode_record(step, start, duration, draft, num_running, num_tokens, num_sp
 def _step_record(step, start, duration, draft, plan, sched) -> StepRecord:
     # Decode tokens: those scheduled past the prompt (a re-prefill after preemption counts
     # as prefill, like vLLM's own prompt/generation split).
-    decode = plan.num_lazy + sum(c.num_new_tokens for c in plan.scheduled
-                                 if c.num_computed_before >= c.req.num_prompt_tokens)
+    decode = plan.num_lazy * plan.lazy_len + sum(c.num_new_tokens for c in plan.scheduled
+                                                 if c.num_computed_before >= c.req.num_prompt_tokens)
     total = plan.num_scheduled_tokens
     pc = plan.prefix_cache
     pool = sched.kv.pool
     return StepRecord(
         step=step, start_s=start, duration_s=duration + draft, draft_s=draft,
         num_scheduled_tokens=total,
-        num_spec_tokens=sum(c.num_spec_tokens for c in plan.scheduled if not c.padded),
+        num_spec_tokens=plan.num_lazy * (plan.lazy_len - 1) + sum(
+            c.num_spec_tokens for c in plan.scheduled if not c.padded),
         num_prefill_tokens=total - decode, num_decode_tokens=decode,
         num_scheduled_reqs=len(plan.scheduled) + plan.num_lazy, num_preempted=len(plan.preempted),
         num_running=len(sched.running), num_waiting=len(sched.waiting) + len(sched.kv_holding),

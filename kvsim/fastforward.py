@@ -36,7 +36,7 @@ members are materialized and the window's steps are made in one pass, their bloc
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from operator import attrgetter
 
 from kvsim.kv.manager import KVCacheManager
@@ -81,6 +81,7 @@ class LazyDecode:
         self.retry_at = 0
         self.backoff = 1
         self._due: list[Request] = []  # the members whose allocation acts this step
+        self.chunk_len = 1  # each member's tokens a step (SteadyDecodes)
         sched.steady = self
 
     # -- a member's counters --------------------------------------------------------------
@@ -99,7 +100,7 @@ class LazyDecode:
         r.lz_sched += s
         r.lz_upd += u
 
-    def _next_event(self, r: Request, step: int) -> int:
+    def _next_event(self, r: Request, step: int) -> int | None:
         """The first step from ``step`` at which the member's ``allocate_slots(r, 1)`` does
         something (``r`` as it is when ``step`` is scheduled): a new block, or a block filled
         (its chunk at step j starts at c + j − step, its num_tokens is t + j − step)."""
@@ -156,7 +157,9 @@ class LazyDecode:
         heapq.heappush(self.leaving, (leave, r.rank, r))
         self._add_event(r, self._next_event(r, step))
 
-    def _add_event(self, r: Request, event: int) -> None:
+    def _add_event(self, r: Request, event: int | None) -> None:
+        if event is None:
+            return
         due = self.events.get(event)
         if due is None:
             self.events[event] = [r]
@@ -197,10 +200,10 @@ class LazyDecode:
         # outputs in flight are applied one by one).
         while self.leaving and self.leaving[0][0] <= step:
             r = heapq.heappop(self.leaving)[2]
+            if in_flight is not None:  # asynchronous scheduling
+                in_flight.exits.append(self._in_flight_chunk(r))
             self._leave(r)
             insort(self.others, r, key=_rank)
-            if in_flight is not None:  # asynchronous scheduling
-                in_flight.exits.append(Chunk(r, 1, r.num_computed_tokens - 1, samples=True))
         # Requests that now decode steadily join.
         pending = {id(c.req): c for c in in_flight.scheduled} if in_flight is not None else {}
         stay = []
@@ -221,10 +224,21 @@ class LazyDecode:
         for r in self._due:  # their allocations are done: the next ones
             self._add_event(r, self._next_event(r, step))
         self.others.extend(sched.running[num_running:])  # admitted
+        self._sums(plan, step)
+        return plan
+
+    def _sums(self, plan: StepPlan, step: int) -> None:
+        """The members' chunks ``(1, c)`` of step ``step`` as sums, on ``plan``."""
+        num_lazy = self.num_members
         plan.lazy_kv = self.sum_off + num_lazy * (step + 1)
         plan.lazy_longest = -self._top("longest", num_lazy) + step + 1
         plan.lazy_shortest = self._top("shortest", num_lazy) + step + 1
-        return plan
+
+    def _in_flight_chunk(self, r: Request) -> Chunk:
+        """A member's chunk in the step in flight (asynchronous scheduling), brought up to
+        date: what an ordinary request's would be."""
+        self._materialize(r)
+        return Chunk(r, 1, r.num_computed_tokens - 1, samples=True)
 
     def due(self) -> list[Request]:
         """``SteadyDecodes.due``: the members whose ``allocate_slots(r, 1)`` acts at the step
@@ -309,14 +323,14 @@ class LazyDecode:
         if self.num_members:
             members = [r for r in self.sched.running if r.lz_sched is not None]
             in_flight = self.queue[0] if self.is_async and self.queue else None
+            lazy = []
             if in_flight is not None and in_flight[0].num_lazy:
-                lazy = [r for r in members if r.lz_in <= in_flight[1]]
+                lazy = [self._in_flight_chunk(r) for r in members if r.lz_in <= in_flight[1]]
             for r in members:
                 self._leave(r)
             if in_flight is not None and in_flight[0].num_lazy:
                 plan, index = in_flight
-                chunks = [*plan.scheduled, *plan.exits,
-                          *(Chunk(r, 1, r.num_computed_tokens - 1, samples=True) for r in lazy)]
+                chunks = [*plan.scheduled, *plan.exits, *lazy]
                 chunks.sort(key=lambda c: c.req.rank)
                 self.queue[0] = (StepPlan(scheduled=chunks, prefix_cache=plan.prefix_cache),
                                  index)
@@ -610,13 +624,8 @@ class SpecWindows:
         rows = []
         for r in running:
             row = self.accept.peek(r, k, steps)
-            cap, fit = sched.outputs_left(r) - 1, mml - 1 - n - r.num_computed_tokens
-            emitted = 0
-            for j, a in enumerate(row):
-                if emitted > fit or emitted + 1 + a > cap:
-                    steps = j
-                    break
-                emitted += 1 + a
+            steps = min(steps, len(steady_gains(row, sched.outputs_left(r) - 1,
+                                                mml - 1 - n - r.num_computed_tokens)) - 1)
             if steps < _MIN_WINDOW:
                 return None
             rows.append(row)
@@ -792,3 +801,177 @@ def _is_spec_decode_step(plan: StepPlan, running: list, n: int) -> bool:
     return all(c.req is r and c.num_new_tokens == n and c.samples and c.num_spec_tokens == n - 1
                and not c.padded and c.num_computed_before >= r.num_prompt_tokens
                for c, r in zip(plan.scheduled, running))
+
+
+def steady_gains(accepted: list[int], cap: int, fit: int) -> list[int]:
+    """A steadily decoding request's tokens gained after each of its next outputs (E(0) = 0,
+    E(t + 1) = E(t) + 1 + a_t) for as long as it stays steady: its outputs finish it not
+    (E(t) <= ``cap``: ``outputs_left`` − 1) and every chunk it is scheduled fits whole
+    (the one after t outputs starts E(t) past its computed tokens now: E(t) <= ``fit``)."""
+    gains = [0]
+    gained = 0
+    for a in accepted:
+        if gained > fit or gained + 1 + a > cap:
+            break
+        gained += 1 + a
+        gains.append(gained)
+    return gains
+
+
+class _Path:
+    """A speculative member's steady decode from its join: ``gains`` (``steady_gains`` of
+    its acceptances, the output in flight at an asynchronous join first), computed tokens
+    ``c0`` and tokens ``t0`` then; ``used`` of the acceptances are applied (the one in
+    flight at the join as that step's own output)."""
+
+    __slots__ = ("join", "c0", "t0", "gains", "used")
+
+    def __init__(self, join: int, c0: int, t0: int, gains: list[int], used: int):
+        self.join, self.c0, self.t0, self.gains, self.used = join, c0, t0, gains, used
+
+
+class SpecLazyDecode(LazyDecode):
+    """Lazy decode with speculative decoding (a set-up ``spec_applies`` accepts, alone on
+    its clock): a member is scheduled a verify chunk of 1 + k tokens every step, and its
+    outputs give it 1 + a tokens, ``a`` drawn ahead from its own stream when it joins
+    (``Acceptance.peek``), so its whole steady path is known: its computed tokens and tokens
+    at step j are c0 + E(j − join) and t0 + E(j − join) (``steady_gains``), its allocations
+    act where that crosses its table's end or a block to publish, and it leaves before the
+    step whose chunk or output is not a steady one. An output's own publication (vLLM's
+    after-verify one) is left to the member's next allocation, which publishes as far
+    before anything reads the hash map: a member joins only if that holds and every block
+    still to publish holds an output token (no other request can share it). Windows are
+    ``SpecWindows``'."""
+
+    def __init__(self, sched: Scheduler, queue, accept):
+        super().__init__(sched, queue)
+        self.accept = accept
+        self.k = sched.spec.num_speculative_tokens
+        self.chunk_len = 1 + self.k
+        self.paths: dict[int, _Path] = {}
+        self.windows = SpecWindows(sched, queue, accept)
+
+    def _last_step(self, r: Request, step: int, pending) -> int | None:
+        sched, k, n, kv = self.sched, self.k, self.chunk_len, self.kv
+        if (r.num_stale_output_tokens or r.status is not Status.RUNNING or r.num_draft_tokens != k
+                or r.num_output_tokens < 1):
+            return None
+        tokens = r.num_tokens
+        if self.is_async:
+            c = pending.get(id(r))
+            if (r.num_output_placeholders != n or r.num_in_flight_tokens != (n if self.in_flight else 0)
+                    or r.num_computed_tokens != tokens + k or c is None or not c.samples
+                    or c.num_new_tokens != n or c.num_spec_tokens != k or c.padded):
+                return None
+        elif r.num_output_placeholders or r.num_in_flight_tokens or r.num_computed_tokens != tokens - 1:
+            return None
+        if sched.chunk_size(r) != n:
+            return None
+        if kv.enable_caching:
+            after = sched.published_after_output(r, self.is_async)
+            if after is not None and after > tokens:
+                return None  # an output would publish past what the next allocation does
+            if (kv.num_cached_block.get(r.req_id, 0) + 1) * kv.block_size + kv.hasher.lookahead \
+                    <= r.num_prompt_tokens:
+                return None  # a prompt block still to publish: another request may share it
+        cap = sched.outputs_left(r) - 1
+        if cap < 2:
+            return None
+        fit = sched.params.max_model_len - 1 - n - r.num_computed_tokens
+        want = max(8, cap // n)  # verify steps: at least cap // n fit (each gains at most n)
+        while True:  # (drawn ahead no further than needed: the rest would be thrown away)
+            gains = steady_gains(self.accept.peek(r, k, want), cap, fit)
+            if len(gains) <= want or want >= cap:
+                break
+            want = min(cap, 2 * want)
+        life = len(gains) - 1
+        if life < 2:
+            return None
+        self.paths[id(r)] = _Path(step, r.num_computed_tokens, tokens, gains,
+                                  1 if self.is_async else 0)
+        return step + life
+
+    def _join(self, r: Request, step: int, leave: int) -> None:
+        r.lz_sched, r.lz_upd, r.lz_in = step, self.upd_next, step
+        self.num_members += 1
+        heapq.heappush(self.leaving, (leave, r.rank, r))
+        self._add_event(r, self._next_event(r, step))
+
+    def _materialize(self, r: Request) -> None:
+        assert r.lz_sched is not None  # a member
+        p = self.paths[id(r)]
+        s = self.sched_next - r.lz_sched
+        u = self.upd_next - r.lz_upd
+        k, n = self.k, self.chunk_len
+        if u:
+            self.accept.take(r, k, u)  # (its acceptances: the ones its path was drawn with)
+            gained = p.gains[p.used + u] - p.gains[p.used]
+            p.used += u
+            r.num_output_tokens += gained
+            r.num_computed_tokens -= u * k - (gained - u)  # the rejected drafts
+            r.num_drafts_proposed += u * k
+            r.num_drafts_accepted += gained - u
+            r.num_verify_steps += u
+        r.num_computed_tokens += s * n
+        if self.is_async:
+            r.num_output_placeholders += (s - u) * n
+        if self.in_flight:
+            r.num_in_flight_tokens += (s - u) * n
+        r.lz_sched += s
+        r.lz_upd += u
+
+    def _next_event(self, r: Request, step: int) -> int | None:
+        """The first step from ``step`` at which the member's allocation acts (a block to
+        take, or one to publish), if before it leaves."""
+        p = self.paths[id(r)]
+        kv, b, n = self.kv, self.kv.block_size, self.chunk_len
+        t = step - p.join
+        life = len(p.gains) - 1
+        event = life
+        held = len(kv.req_to_blocks[r.req_id]) * b
+        if held < self.sched.params.max_model_len:  # a block when c + n + lookahead passes it
+            event = bisect_right(p.gains, held - p.c0 - n - self.sched.spec.num_lookahead_tokens)
+        if kv.enable_caching:  # a block published when the tokens fill it (and its lookahead)
+            full = (kv.num_cached_block.get(r.req_id, 0) + 1) * b
+            event = min(event, bisect_left(p.gains, full + max(kv.num_reprefillable,
+                                                                kv.hasher.lookahead) - p.t0))
+        event = max(event, t)
+        return p.join + event if event < life else None
+
+    def _leave(self, r: Request) -> None:
+        self._materialize(r)
+        self.num_members -= 1
+        del self.paths[id(r)]
+        r.lz_sched = None
+
+    def _in_flight_chunk(self, r: Request) -> Chunk:
+        self._materialize(r)
+        p = self.paths[id(r)]
+        return Chunk(r, self.chunk_len, p.c0 + p.gains[self.sched_next - 1 - p.join], self.k,
+                     samples=True)
+
+    def _sums(self, plan: StepPlan, step: int) -> None:
+        n = self.chunk_len
+        contexts = [p.c0 + p.gains[step - p.join] for p in self.paths.values()]
+        plan.lazy_kv = sum(contexts) + n * len(contexts)
+        plan.lazy_longest = max(contexts) + n
+        plan.lazy_shortest = min(contexts) + n
+
+    def members_tokens_to_compute(self) -> int:
+        members = [r for r in self.sched.running if r.lz_sched is not None]
+        for r in members:
+            self._materialize(r)
+        return sum(max(0, r.num_tokens - r.num_computed_tokens) for r in members)
+
+    def run_window(self, env, cost, arrivals, step: int, max_steps: int, max_sim_time_s,
+                   record, progress, num_finished: int):
+        """A ``SpecWindows`` window, the members brought up to date first."""
+        self.dissolve()
+        done = yield from self.windows.run(env, cost, arrivals, step, max_steps, max_sim_time_s,
+                                           record, progress, num_finished)
+        self.upd_next = step + done - (1 if self.is_async else 0)
+        return done
+
+    def dissolve(self) -> None:
+        super().dissolve()
+        self.paths.clear()

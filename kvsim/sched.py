@@ -121,10 +121,10 @@ class StepPlan:
     requests, then admissions).
 
     A step planned by lazy decode (``kvsim.fastforward``) also gives ``num_lazy`` running
-    requests one decode token each without a chunk of their own: chunks ``(1, c)`` with
-    Σ(c + 1) = ``lazy_kv``, max(c + 1) = ``lazy_longest`` and min(c + 1) = ``lazy_shortest``;
-    ``exits`` are chunks of this step whose requests stopped being lazy before its outputs
-    arrived."""
+    requests ``lazy_len`` decode tokens each (one, or a verify step's 1 + k: k drafts) without
+    a chunk of their own: chunks ``(lazy_len, c)`` with Σ(c + lazy_len) = ``lazy_kv``,
+    max(c + lazy_len) = ``lazy_longest`` and min(c + lazy_len) = ``lazy_shortest``; ``exits``
+    are chunks of this step whose requests stopped being lazy before its outputs arrived."""
 
     scheduled: list[Chunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
@@ -132,6 +132,7 @@ class StepPlan:
     external_prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     connector_meta: ConnectorMeta | None = None  # what the KV connector hands the worker
     num_lazy: int = 0
+    lazy_len: int = 1
     lazy_kv: int = 0
     lazy_longest: int = 0
     lazy_shortest: int = 0
@@ -144,7 +145,7 @@ class StepPlan:
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return sum(c.num_new_tokens for c in self.scheduled) + self.num_lazy
+        return sum(c.num_new_tokens for c in self.scheduled) + self.num_lazy * self.lazy_len
 
 
 class _FcfsQueue:
@@ -239,6 +240,7 @@ class SteadyDecodes(Protocol):
     (a block to take or to publish). ``others`` are the rest of the running list, by rank."""
 
     num_members: int
+    chunk_len: int  # a member's tokens a step: one, or a verify step's 1 + k
     others: list[Request]
 
     def due(self) -> list[Request]:
@@ -353,7 +355,8 @@ class Scheduler:
         threshold = self._long_prefill_threshold()
         prefill_scheduled = self._schedule_running(plan, scheduled, budget, threshold)
         if not plan.preempted:
-            self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
+            self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled,
+                                   bool(scheduled))
         plan.scheduled = list(scheduled.values())
         if self.connector is not None:
             plan.connector_meta = self.connector.build_connector_meta(self._step_view(plan))
@@ -547,8 +550,10 @@ class Scheduler:
         assert isinstance(kv, KVCacheManager) and self.connector is None
         lookahead = self.spec.num_lookahead_tokens
         threshold = self._long_prefill_threshold()
-        asks = [(r, 0) for r in steady.due()]  # 0: a member's one token, no chunk
-        num_tokens = num_reqs = steady.num_members
+        asks = [(r, 0) for r in steady.due()]  # 0: a member's tokens, no chunk
+        member = steady.chunk_len
+        num_reqs = steady.num_members
+        num_tokens = num_reqs * member
         for r in steady.others:
             n = self._running_chunk(r, threshold, None)
             if n > 0:
@@ -557,22 +562,23 @@ class Scheduler:
                 num_reqs += 1
         if num_tokens > self.token_budget or num_tokens + slots * num_reqs > p.max_num_batched_tokens:
             return None
-        if sum(kv.num_blocks_to_grow(r, n or 1, lookahead) for r, n in asks) > kv.pool.num_free_blocks:
+        if sum(kv.num_blocks_to_grow(r, n or member, lookahead)
+               for r, n in asks) > kv.pool.num_free_blocks:
             return None
         self._held_before = {}
-        plan = StepPlan(num_lazy=steady.num_members)
+        plan = StepPlan(num_lazy=steady.num_members, lazy_len=member)
         scheduled: dict[str, Chunk] = {}
         prefill_scheduled = False
         if len(asks) > 1:
             asks.sort(key=_rank)
         for r, n in asks:
-            if kv.allocate_slots(r, n or 1, num_lookahead_tokens=lookahead) is None:
+            if kv.allocate_slots(r, n or member, num_lookahead_tokens=lookahead) is None:
                 raise AssertionError("schedule_steady: a checked allocation failed")
             if n:
                 prefill_scheduled |= r.is_prefill_chunk
                 scheduled[r.req_id] = self._running_chunk_made(r, n)
         budget = [self.token_budget - num_tokens, p.max_num_batched_tokens - num_tokens - slots * num_reqs]
-        self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled)
+        self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled, True)
         plan.scheduled = list(scheduled.values())
         self._update_after_schedule(plan.scheduled)
         return plan
@@ -603,11 +609,13 @@ class Scheduler:
         return bool(len(self.waiting) + len(self.kv_holding)) and len(self.running) < self.params.max_num_seqs
 
     def _schedule_waiting(self, plan: StepPlan, scheduled: dict, budget: list[int],
-                          threshold: int, prefill_scheduled: bool) -> None:
+                          threshold: int, prefill_scheduled: bool,
+                          running_scheduled: bool) -> None:
         p, kv, waiting, spec, sem = self.params, self.kv, self.waiting, self.spec, self.sem
         k, slots = spec.num_speculative_tokens, self.draft_slots
         lookahead = spec.num_lookahead_tokens if sem.lookahead_on_admission else 0
-        running_scheduled = bool(scheduled)  # admissions below don't count for the padding
+        # (running_scheduled: a running request has a chunk this step; admissions below
+        # don't count for the padding)
         connector, holding = self.connector, self.kv_holding
         skipped: list[Request] = []
         skipped_holding: list[Request] = []

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Literal, get_args
 
 from kvsim.errors import ConfigError
@@ -109,9 +111,10 @@ class Acceptance:
         self.rates = rates
         self.fixed = num_accepted
         self.seed = seed
-        self._rngs: dict[int, random.Random] = {}
-        # per_position: a request's uniform draws made ahead by ``peek``, not yet used.
-        self._ahead: dict[int, list[float]] = {}
+        self._streams: dict[int, Iterator[float]] = {}  # per_position: each request's uniforms
+        # per_position: a request's verify steps drawn ahead by ``peek``, not yet used: the
+        # drafts they were drawn for, their accepted counts, and the uniforms those used.
+        self._ahead: dict[int, tuple[int, list[int], list[float]]] = {}
         # With ``record``: request index -> accepted count at each verify step (validation).
         self.log: dict[int, list[int]] | None = {} if record else None
 
@@ -119,8 +122,8 @@ class Acceptance:
         if self.log is None:
             if self.kind == "fixed":
                 return min(self.fixed, num_drafts)
-            if self.kind == "per_position" and not self._ahead.get(req.seq):
-                return self._count(self._rng(req).random, num_drafts)
+            if self.kind == "per_position" and req.seq not in self._ahead:
+                return self._count(self._stream(req), num_drafts)
         return self.take(req, num_drafts, 1)[0]
 
     def peek(self, req: Request, num_drafts: int, count: int) -> list[int]:
@@ -132,53 +135,63 @@ class Acceptance:
             seq = req.accepted_trace or (0,)
             done = req.num_verify_steps
             return [min(seq[(done + i) % len(seq)], num_drafts) for i in range(count)]
-        return self._ahead_counts(req, num_drafts, count)[0]
+        ahead = self._ahead.get(req.seq)
+        if ahead is None or ahead[0] != num_drafts:  # (drawn for other drafts: counted again)
+            uniforms = ahead[2] if ahead is not None else []
+            replay, kept = iter(uniforms), len(uniforms)
+            counts: list[int] = []
+            used = 0
+            while used < kept:  # the uniforms drawn already, then fresh ones
+                counts.append(self._count(chain(replay, self._recording(req, uniforms)),
+                                          num_drafts))
+                used += counts[-1] + (counts[-1] < num_drafts)
+            ahead = self._ahead[req.seq] = (num_drafts, counts, uniforms)
+        counts = ahead[1]
+        if len(counts) < count:
+            fresh = self._recording(req, ahead[2])
+            counts.extend(self._count(fresh, num_drafts) for _ in range(count - len(counts)))
+        return counts[:count]
 
     def take(self, req: Request, num_drafts: int, count: int) -> list[int]:
         """``peek``, used up: the request's next ``count`` verify steps (their ``num_verify_steps``
         counted by the caller after)."""
+        out = self.peek(req, num_drafts, count)
         if self.kind == "per_position":
-            out, used = self._ahead_counts(req, num_drafts, count)
-            del self._ahead[req.seq][:used]
-        else:
-            out = self.peek(req, num_drafts, count)
+            _, counts, uniforms = self._ahead[req.seq]
+            del counts[:count]
+            del uniforms[:sum(out) + sum(a < num_drafts for a in out)]  # (one per accepted
+            if not counts:                                              # draft, one rejection)
+                del self._ahead[req.seq]
         if self.log is not None:
             self.log.setdefault(req.seq, []).extend(out)
         return out
 
-    def _rng(self, req: Request) -> random.Random:
-        rng = self._rngs.get(req.seq)
-        if rng is None:
-            rng = self._rngs[req.seq] = random.Random(f"{self.seed}:{req.seq}")
-        return rng
+    def _stream(self, req: Request) -> Iterator[float]:
+        """The request's uniforms (its own seeded stream)."""
+        stream = self._streams.get(req.seq)
+        if stream is None:
+            rng = random.Random(f"{self.seed}:{req.seq}")
+            stream = self._streams[req.seq] = iter(rng.random, None)
+        return stream
 
-    def _count(self, draw, num_drafts: int) -> int:
+    def _recording(self, req: Request, into: list[float]) -> Iterator[float]:
+        """The request's stream, each uniform also kept in ``into``."""
+        for u in self._stream(req):
+            into.append(u)
+            yield u
+
+    def _count(self, uniforms: Iterator[float], num_drafts: int) -> int:
         """per_position: drafts accepted in order until the first rejection, position i
-        with probability ``rates[i]``, on uniforms from ``draw``."""
+        with probability ``rates[i]``: one uniform per accepted draft and one rejecting."""
         rates, last = self.rates, len(self.rates) - 1
         accepted = 0
-        while accepted < num_drafts and draw() < rates[min(accepted, last)]:
+        while accepted < num_drafts and next(uniforms) < rates[min(accepted, last)]:
             accepted += 1
         return accepted
 
-    def _ahead_counts(self, req: Request, num_drafts: int, count: int) -> tuple[list[int], int]:
-        """``count`` verify steps' accepted counts on the request's uniforms drawn ahead (more
-        drawn into its buffer as needed), and how many of them they use."""
-        ahead = self._ahead.setdefault(req.seq, [])
-        more = self._rng(req).random
-        pos = 0
-
-        def draw() -> float:
-            nonlocal pos
-            if pos == len(ahead):
-                ahead.append(more())
-            pos += 1
-            return ahead[pos - 1]
-        return [self._count(draw, num_drafts) for _ in range(count)], pos
-
     def forget(self, req: Request) -> None:
         """Drop a finished request's random stream."""
-        self._rngs.pop(req.seq, None)
+        self._streams.pop(req.seq, None)
         self._ahead.pop(req.seq, None)
 
 
