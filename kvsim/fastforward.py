@@ -16,27 +16,31 @@ applied outputs) and are brought up to date ("materialized") only when something
 * a step that lazy decode can't plan (see below): every member is materialized, the step in
   flight gets its members' chunks back, and ``Scheduler.schedule`` plans it.
 
-The other running requests (just admitted, chunked prefills, leaving members) are planned by
-the scheduler's rules request by request, and waiting requests are admitted by the
-scheduler's ``_schedule_waiting`` on the pool as it is at that point of the step. A step is
-planned lazily only when nothing in it can be cut short: every running request gets its
-tokens within the budget and its blocks from the free queue (no preemption), which it checks
-first. A step's cost takes the members' chunks ``(1, c)`` as whole-number sums
-(``StepPlan.num_lazy``, ``lazy_kv``, ``lazy_longest``, ``lazy_shortest``), which give the cost models' floats
-exactly. So a run gives, byte for byte, the results of step-by-step simulation (tests compare
-the two), at a cost that follows the events — block boundaries, arrivals, completions — not
-steps × running requests.
+The step itself is planned by the scheduler (``Scheduler.schedule_steady``, with this class
+as its ``SteadyDecodes``): the other running requests (just admitted, chunked prefills,
+leaving members) by its rules request by request, the members' due allocations in their
+place, then admissions on the pool as it is at that point of the step. It plans a step only
+when nothing in it can be cut short: every running request gets its tokens within the budget
+and its blocks from the free queue (no preemption), which it checks first; else ``schedule``
+plans it with every member back in place. A step's cost takes the members' chunks ``(1, c)``
+as whole-number sums (``StepPlan.num_lazy``, ``lazy_kv``, ``lazy_longest``,
+``lazy_shortest``), which give the cost models' floats exactly. So a run gives, byte for
+byte, the results of step-by-step simulation (tests compare the two), at a cost that follows
+the events — block boundaries, arrivals, completions — not steps × running requests.
+``SpecLazyDecode`` (below) does the same with speculative decoding.
 
-Decode windows (``window`` / ``run``, below) go further where a batch can't change for many
-steps (every running request a member, none finishing, no arrival that could join): the
-members are materialized and the window's steps are made in one pass, their block pops in one
-``get_new_blocks``, each request's hashes in one call; lazy decode starts again after it.
+Decode windows (``window`` / ``run``, and ``Windows`` for verify steps, below) go further
+where a batch can't change for many steps (every running request a member, none finishing,
+no arrival that could join): the members are materialized and the window's steps are made
+in one pass, their block pops in one ``get_new_blocks``, each request's hashes in one call;
+lazy decode starts again after it.
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right, insort
+from itertools import accumulate
 from operator import attrgetter
 
 from kvsim.kv.manager import KVCacheManager
@@ -45,12 +49,13 @@ from kvsim.sched import Chunk, Scheduler, StepPlan
 
 _MAX_BACKOFF = 64  # steps before lazy decode is tried again after a step it couldn't plan
 _MIN_WINDOW = 16  # steps a decode window must promise before members are materialized for it
-_MAX_SPEC_WINDOW = 256  # verify steps whose acceptances a speculative window draws at once
+_MAX_WINDOW_STEPS = 256  # steps of one window (their acceptances drawn at once)
 _rank = attrgetter("rank")
 
 
 def applies(sched: Scheduler, accept) -> bool:
-    """Whether the scheduler's set-up can decode lazily at all (checked once per run)."""
+    """Whether the scheduler's set-up can decode lazily without speculative decoding (checked
+    once per run; ``spec_applies``: with it)."""
     return (type(sched.kv) is KVCacheManager and accept is None and sched.connector is None
             and sched.spec.num_speculative_tokens == 0 and sched.spec.num_lookahead_tokens == 0
             and sched.draft_slots == 0 and sched.kv.num_reprefillable == 0)
@@ -62,7 +67,7 @@ class LazyDecode:
     ``queue`` is the engine's batch queue of ``(plan, step index)``, newest first: with
     asynchronous scheduling the plan in flight while the next is scheduled."""
 
-    def __init__(self, sched: Scheduler, queue):
+    def __init__(self, sched: Scheduler, queue, accept=None):
         self.sched = sched
         assert isinstance(sched.kv, KVCacheManager)  # applies(): one full-attention group
         self.kv: KVCacheManager = sched.kv
@@ -82,6 +87,8 @@ class LazyDecode:
         self.backoff = 1
         self._due: list[Request] = []  # the members whose allocation acts this step
         self.chunk_len = 1  # each member's tokens a step (SteadyDecodes)
+        self.accept = accept
+        self.windows = Windows(sched, queue, accept)
         sched.steady = self
 
     # -- a member's counters --------------------------------------------------------------
@@ -305,15 +312,11 @@ class LazyDecode:
 
     def run_window(self, env, cost, arrivals, step: int, max_steps: int, max_sim_time_s,
                    record, progress, num_finished: int):
-        """Decode a window of steps at once (``window``/``run`` below; a SimPy generator,
-        returns the steps done: 0 when ``window`` finds none)."""
-        sched = self.sched
+        """Decode a window of steps at once (``Windows``, the members brought up to date
+        first; a SimPy generator, returns the steps done: 0 when it finds none)."""
         self.dissolve()
-        k = window(sched, self.queue, max_steps)
-        done = 0
-        if k:
-            done = yield from run(env, sched, cost, self.queue, arrivals, step, k,
-                                  max_sim_time_s, record, progress, num_finished)
+        done = yield from self.windows.run(env, cost, arrivals, step, max_steps, max_sim_time_s,
+                                           record, progress, num_finished)
         # The window applied its steps' outputs, but the last one's when asynchronous.
         self.upd_next = step + done - (1 if self.is_async else 0)
         return done
@@ -340,232 +343,34 @@ class LazyDecode:
 
 # -- decode windows: a batch that nothing can change, many steps at once ------------------
 #
-# In a step where every running request decodes (one new token each, no drafts) and no
-# request can join, vLLM's ``schedule()`` gives each running request one token, in list order,
-# and ``update_from_output()`` gives each one output token. Until a request reaches
-# ``max_tokens`` / ``max_model_len`` or a request could be admitted, the next step is the same
-# batch again, one token further. Inside such a window the only calls with an effect are the
-# ``allocate_slots(req, 1)`` that cross a block boundary (a block is popped from the free
-# queue) or complete a block (its hash is published; with asynchronous scheduling the
-# ``cache_blocks`` after the outputs arrive then finds nothing new). ``run`` makes exactly
-# those calls: the window's pops in one ``get_new_blocks`` (the free queue changes by nothing
-# else inside a window, so the same blocks come off in the same order and evict the same
-# hashes), handed out in step-by-step order (step, then position in the running list); the
-# publications in that order, with each request's counters set as they would be then (the
-# block hashes computed beforehand, a request at a time: hash ids are interned in another
-# order, and only their equality is ever read); then it moves the counters of all requests.
+# In a step where every running request decodes steadily and no request can join, vLLM's
+# ``schedule()`` gives each running request the same chunk, in list order: its token (and,
+# with speculative decoding, its k drafts to verify), and ``update_from_output()`` gives each
+# one 1 + a tokens, a the drafts it accepted (drawn from its own stream, ``Acceptance.peek``;
+# 0 without drafts): its computed tokens and its tokens both move by 1 + a. Until a request
+# reaches ``max_tokens`` / ``max_model_len`` or a request could be admitted, the next step is
+# the same batch again. Inside such a window the only calls with an effect are the
+# ``allocate_slots`` that cross a table's end (a block is popped from the free queue,
+# ``KVCacheManager.num_blocks_to_grow``'s rule) or complete a block (its hash is published,
+# up to the tokens; and, after an output, ``Scheduler.published_after_output``). ``Windows``
+# finds the window (the batch full or nothing waiting, no request near its end, enough free
+# blocks), and makes exactly those calls in step-by-step order (step, allocations before
+# outputs, running-list order): the window's pops in one ``get_new_blocks`` (the free queue
+# changes by nothing else inside a window, so the same blocks come off in the same order and
+# evict the same hashes), handed out in that order; the publications in that order, each
+# request's block hashes made beforehand in one call (ids are interned in another order than
+# step by step; only their equality is ever read); then it moves the counters of all requests.
 #
 # Step times and records are those of step-by-step simulation: each step has its own start
 # time, ``t_{j+1} = t_j + d_j`` as SimPy adds them, and the clock jumps to the window's end
 # in one timeout when that lands on the same float (else one timeout per step; the engine
-# is alone on its clock). A step is timed by the cost model's ``step_time_s`` with its chunks
-# ``(1, c)`` as sums (they enter the cost models only through the chunk count and whole
-# numbers, Σ(c + 1), max(c + 1) and min(c + 1), given exactly; every other feature of a pure
-# decode step, the MoE expert share included, is fixed by the chunk count). The window stops
-# before any step where step-by-step simulation would do something else: a completion, an
-# admissible arrival, a free queue too short for the step's allocations, a run limit. With
-# asynchronous scheduling (a batch queue of two) the step in flight when the window starts
-# must be such a step too; the window leaves its last step in flight, as the engine loop would.
-
-
-def window(sched, queue, max_steps: int) -> int:
-    """How many steps (up to ``max_steps``) the running batch decodes unchanged; 0 if none.
-
-    ``queue`` is the engine's batch queue before scheduling: empty (synchronous), or the one
-    plan in flight (asynchronous), which must itself be a plain decode step of the batch.
-    """
-    running = sched.running
-    num_running = len(running)
-    p = sched.params
-    if not num_running or sched.may_admit:
-        return 0
-    if num_running > min(sched.token_budget, p.max_num_batched_tokens):
-        return 0
-    is_async = p.async_scheduling
-    if is_async:
-        if len(queue) != 1 or not _is_decode_step(queue[0][0], running):
-            return 0
-        in_flight = 1 if sched.sem.has_num_in_flight_tokens else 0
-    elif queue:
-        return 0
-    placeholders = 1 if is_async else 0
-    if not is_async:
-        in_flight = 0
-    k = max_steps
-    for r in running:
-        tokens = r.num_prompt_tokens + r.num_output_tokens
-        if (r.num_output_tokens < 1 or r.num_output_placeholders != placeholders
-                or r.num_in_flight_tokens != in_flight or r.num_draft_tokens
-                or r.num_stale_output_tokens
-                or tokens + placeholders - r.num_computed_tokens != 1):
-            return 0
-        # The step scheduled j steps from now samples output number out + j + 1 (and is
-        # skipped, asynchronously, when the one in flight already reaches max_tokens); the
-        # window ends before any step in which a request finishes.
-        k = min(k, sched.outputs_left(r) - 1)
-        if k <= 0:
-            return 0
-    return k
-
-
-def _is_decode_step(plan: StepPlan, running: list) -> bool:
-    """``plan`` gives every request of ``running``, in order, one sampled token and nothing else."""
-    pc = plan.prefix_cache
-    if plan.preempted or len(plan.scheduled) != len(running) or pc.queries or pc.hits or (
-            pc.preempted_queries or pc.preempted_hits):
-        return False
-    return all(c.req is r and c.num_new_tokens == 1 and c.samples and not c.num_spec_tokens
-               and not c.padded and c.num_computed_before == r.num_computed_tokens - 1
-               for c, r in zip(plan.scheduled, running))
-
-
-def _events(kv, reqs, k: int) -> tuple[list[int], list[int]]:
-    """Within ``k`` steps: the steps at which a block is popped (sorted, one per pop), and the
-    block events, ``(j * len(reqs) + i) * 2 + kind``: ``reqs[i]`` pops a block at step j
-    (kind 0) or publishes the blocks its ``num_tokens`` completed (kind 1) — in this order,
-    as ``allocate_slots`` does them. A later event may not change anything."""
-    b, num_reqs = kv.block_size, len(reqs)
-    tables, cached, caching = kv.req_to_blocks, kv.num_cached_block, kv.enable_caching
-    pops: list[int] = []
-    events: list[int] = []
-    end, stride = 2 * k * num_reqs, 2 * b * num_reqs
-    for i, r in enumerate(reqs):
-        # Step j needs slots for computed + j + 1 tokens: a pop whenever that passes the table.
-        first_pop = len(tables[r.req_id]) * b - r.num_computed_tokens
-        pops.extend(range(first_pop, k, b))
-        events.extend(range(2 * (first_pop * num_reqs + i), end, stride))
-        if caching:
-            # Step j publishes up to num_tokens (tokens + j) // b blocks.
-            first_fill = (cached.get(r.req_id, 0) + 1) * b - r.num_prompt_tokens - r.num_output_tokens
-            if first_fill < 0:  # full blocks left unpublished: at once, then on the grid
-                events.append(2 * i + 1)
-            events.extend(range(2 * (first_fill % b * num_reqs + i) + 1, end, stride))
-    pops.sort()
-    return pops, events
-
-
-def run(env, sched, cost, queue, arrivals, step: int, k: int,
-        max_sim_time_s: float | None, record, progress, num_finished: int):
-    """Simulate up to ``k`` decode steps, the next to schedule being ``step`` (a SimPy
-    generator); returns how many were scheduled. Arrivals join the waiting queue as they
-    would (join step, order); an arrival that could be admitted, or ``max_sim_time_s``,
-    ends the window.
-
-    The engine must be alone on its clock: the window's steps are timed first (step j
-    starts at ``t_j``, ``t_{j+1} = t_j + d_j``, the sums SimPy makes step by step), then
-    its block events are made, and the clock moves to the window's end in one timeout when
-    that lands on the same float (else one timeout per step)."""
-    running = sched.running
-    num_running = len(running)
-    kv = sched.kv
-    pool = kv.pool
-    pops, events = _events(kv, running, k)
-    num_free = pool.num_free_blocks
-    if len(pops) > num_free:
-        k = pops[num_free]  # that step's allocation would fail: stop before it
-        if k == 0:
-            return 0
-    # The step executed while step + j is scheduled: step + j itself, or the one before.
-    lag = 1 if queue else 0
-    base = [(r.num_computed_tokens, r.num_output_tokens) for r in running]
-    sum_context = sum(c for c, _ in base) - lag * num_running
-    longest = max(c for c, _ in base) - lag
-    shortest = min(c for c, _ in base) - lag
-    full = num_running >= sched.params.max_num_seqs
-    wake = arrivals.next_arrival_s()
-    # Step times, and where the window stops: a run limit, or an arrival that could join.
-    starts: list[float] = []
-    durations: list[float] = []
-    t = env.now
-    step_time = cost.step_time_s
-    for j in range(k):
-        if (max_sim_time_s is not None and t >= max_sim_time_s) or (
-                not full and wake is not None and wake <= t):
-            break
-        d = step_time((), num_running, (num_running, 1, sum_context + (j + 1) * num_running,
-                                        longest + j + 1, shortest + j + 1))
-        starts.append(t)
-        durations.append(d)
-        t = t + d
-    done = len(durations)
-    if not done:
-        return 0
-    end = 2 * done * num_running
-    events = sorted(e for e in events if e < end)
-    # The free queue changes only by these pops inside a window (nothing is freed or
-    # touched), and a popped block is never one published here: popping them all at once
-    # evicts the same hashes, in the same order, and leaves the same hash map.
-    num_pops = bisect_left(pops, done)
-    blocks = iter(pool.get_new_blocks(num_pops))
-    if kv.enable_caching:
-        # Each request's block hashes up to what the window's last step publishes, in one
-        # pass (ids are interned in another order than step by step; only their equality
-        # is ever looked at).
-        b, hasher = kv.block_size, kv.hasher
-        for r, (_, out) in zip(running, base):
-            num_full = (r.num_prompt_tokens + out + done - 1) // b
-            if num_full > len(r.block_hashes):
-                r.num_output_tokens = out + done - 1
-                hasher.block_hashes(r, num_full)
-                r.num_output_tokens = out
-    tables = kv.req_to_blocks
-    waiting = sched.waiting
-    usage = pool.usage_at
-    ei, num_events = 0, len(events)
-    pi = 0
-    for j in range(done):
-        now = starts[j]
-        if wake is not None and wake <= now:  # a full batch: arrivals wait
-            for r in arrivals.arrived(now):
-                r.join_step = step + j
-                sched.add_request(r)
-            wake = arrivals.next_arrival_s()
-        limit = 2 * (j + 1) * num_running
-        while ei < num_events and events[ei] < limit:
-            i, fill = divmod(events[ei] - 2 * j * num_running, 2)
-            r = running[i]
-            if fill:
-                c, out = base[i]
-                r.num_computed_tokens, r.num_output_tokens = c + j + 1, out + j
-                kv.cache_blocks(r, r.num_prompt_tokens + out + j)
-            else:
-                tables[r.req_id].append(next(blocks))
-                pi += 1
-            ei += 1
-        free = num_free - pi
-        record(step + j - lag, now, durations[j], 0.0, num_running, num_running, 0, len(waiting),
-               free, usage(free))
-        if progress is not None:
-            progress(step + j + 1 - lag, now + durations[j], num_finished, arrivals.total)
-    delay = t - env.now
-    if env.now + delay == t:
-        yield env.timeout(delay)
-    else:
-        for d in durations:
-            yield env.timeout(d)
-    for r, (c, out) in zip(running, base):
-        r.num_computed_tokens, r.num_output_tokens = c + done, out + done
-    if lag:
-        # The last step scheduled stays in flight.
-        queue[0] = (StepPlan(scheduled=[Chunk(r, 1, r.num_computed_tokens - 1, samples=True)
-                                        for r in running]), step + done - 1)
-    return done
-
-
-# -- speculative decode windows: a batch of verify steps, many at once ---------------------
-#
-# With speculative decoding a steadily decoding request is scheduled 1 + k tokens every step
-# (its token and k drafts) and its output gives it 1 + a tokens, a drawn from its own
-# acceptance stream (``Acceptance.peek``): its computed tokens and its tokens both move by
-# 1 + a, and what ``allocate_slots`` and the output's publication do follows from them
-# (``KVCacheManager.num_blocks_to_grow``'s rule, ``Scheduler.published_after_output``).
-# ``SpecWindows`` finds a window of steps in which nothing else can happen (the batch full or
-# nothing waiting, no request near its end, enough free blocks), draws every request's
-# acceptances for it, and makes the window's block events (pops in one ``get_new_blocks``,
-# publications one by one) in step-by-step order, each request's counters set as they are
-# then; step times from the chunks as step-by-step builds them; the clock jumps as in
-# ``run``. Asynchronously the step in flight is the window's first executed step, and its
-# last scheduled step is left in flight.
+# is alone on its clock). A step is timed by the cost model from its chunks as sums
+# (``Decodes``: the count, Σ(c + n), max and min, whole numbers, which give the cost models'
+# floats exactly). The window stops before any step where step-by-step simulation would do
+# something else: a completion, an admissible arrival, a free queue too short for the step's
+# allocations, a run limit. With asynchronous scheduling (a batch queue of two) the step in
+# flight when the window starts is its first executed step, and it leaves its last scheduled
+# step in flight, as the engine loop would.
 
 
 def spec_applies(sched: Scheduler, accept) -> bool:
@@ -574,9 +379,10 @@ def spec_applies(sched: Scheduler, accept) -> bool:
             and sched.spec.num_speculative_tokens > 0)
 
 
-class SpecWindows:
-    """Speculative decode windows for ``sched`` (a set-up ``spec_applies`` accepts);
-    ``queue`` as ``LazyDecode``'s, ``accept`` the run's acceptance (with ``peek``/``take``)."""
+class Windows:
+    """Decode windows for ``sched`` (a set-up ``applies`` or ``spec_applies`` accepts);
+    ``queue`` as ``LazyDecode``'s, ``accept`` the run's acceptance (with ``peek``/``take``;
+    None without speculative decoding)."""
 
     def __init__(self, sched: Scheduler, queue, accept):
         self.sched = sched
@@ -586,7 +392,7 @@ class SpecWindows:
         self.accept = accept
         self.k = sched.spec.num_speculative_tokens
 
-    def _steady(self, step: int, max_steps: int):
+    def _steady(self, max_steps: int):
         """The window's running requests' acceptances (one row per request), or None."""
         sched, k = self.sched, self.k
         running = sched.running
@@ -599,7 +405,7 @@ class SpecWindows:
             return None
         is_async = p.async_scheduling
         if is_async:
-            if len(self.queue) != 1 or not _is_spec_decode_step(self.queue[0][0], running, n):
+            if len(self.queue) != 1 or not _is_decode_step(self.queue[0][0], running, n):
                 return None
             placeholders, in_flight, offset = n, n if sched.sem.has_num_in_flight_tokens else 0, k
         elif self.queue:
@@ -610,7 +416,7 @@ class SpecWindows:
         # finish none (E(W) < outputs_left), and its last chunk still fits max_model_len
         # whole (E(W - 1) + computed + 1 + k <= max_model_len - 1).
         mml = p.max_model_len
-        steps = min(max_steps, _MAX_SPEC_WINDOW)
+        steps = min(max_steps, _MAX_WINDOW_STEPS)
         for r in running:
             if (r.num_output_tokens < 1 or r.num_output_placeholders != placeholders
                     or r.num_in_flight_tokens != in_flight or r.num_draft_tokens != k
@@ -623,7 +429,7 @@ class SpecWindows:
                 return None
         rows = []
         for r in running:
-            row = self.accept.peek(r, k, steps)
+            row = self.accept.peek(r, k, steps) if k else [0] * steps
             steps = min(steps, len(steady_gains(row, sched.outputs_left(r) - 1,
                                                 mml - 1 - n - r.num_computed_tokens)) - 1)
             if steps < _MIN_WINDOW:
@@ -635,7 +441,7 @@ class SpecWindows:
             record, progress, num_finished: int):
         """Simulate a window of verify steps, the next to schedule being ``step`` (a SimPy
         generator); returns the steps scheduled (0: no window here)."""
-        rows = self._steady(step, max_steps)  # (cheap when not: the first misfit says so)
+        rows = self._steady(max_steps)  # (cheap when not: the first misfit says so)
         if rows is None:
             return 0
         return (yield from self._run(env, cost, arrivals, step, rows, max_sim_time_s, record,
@@ -779,10 +585,11 @@ class SpecWindows:
         for r, out, g, a in zip(running, outs, gained, accepted):
             r.num_computed_tokens += g
             r.num_output_tokens = out + g
-            self.accept.take(r, k, done)
-            r.num_drafts_proposed += k * done
-            r.num_drafts_accepted += a
-            r.num_verify_steps += done
+            if k:
+                self.accept.take(r, k, done)
+                r.num_drafts_proposed += k * done
+                r.num_drafts_accepted += a
+                r.num_verify_steps += done
         if lag:
             # The last step scheduled stays in flight.
             last = context[:, done - 1].tolist()
@@ -791,8 +598,8 @@ class SpecWindows:
         return done
 
 
-def _is_spec_decode_step(plan: StepPlan, running: list, n: int) -> bool:
-    """``plan`` gives every request of ``running``, in order, one verify chunk of ``n``
+def _is_decode_step(plan: StepPlan, running: list, n: int) -> bool:
+    """``plan`` gives every request of ``running``, in order, one decode chunk of ``n``
     tokens (its n − 1 drafts) and nothing else."""
     pc = plan.prefix_cache
     if plan.preempted or plan.num_lazy or plan.exits or len(plan.scheduled) != len(running) or (
@@ -808,14 +615,13 @@ def steady_gains(accepted: list[int], cap: int, fit: int) -> list[int]:
     E(t + 1) = E(t) + 1 + a_t) for as long as it stays steady: its outputs finish it not
     (E(t) <= ``cap``: ``outputs_left`` − 1) and every chunk it is scheduled fits whole
     (the one after t outputs starts E(t) past its computed tokens now: E(t) <= ``fit``)."""
-    gains = [0]
-    gained = 0
-    for a in accepted:
-        if gained > fit or gained + 1 + a > cap:
-            break
-        gained += 1 + a
-        gains.append(gained)
-    return gains
+    gains = [0, *accumulate(map(_plus_one, accepted))]
+    # The last t with E(t) <= cap and E(t - 1) <= fit (E only grows).
+    last = min(bisect_right(gains, cap) - 1, bisect_right(gains, fit))
+    return gains[:last + 1]
+
+
+_plus_one = (1).__add__
 
 
 class _Path:
@@ -840,16 +646,13 @@ class SpecLazyDecode(LazyDecode):
     step whose chunk or output is not a steady one. An output's own publication (vLLM's
     after-verify one) is left to the member's next allocation, which publishes as far
     before anything reads the hash map: a member joins only if that holds and every block
-    still to publish holds an output token (no other request can share it). Windows are
-    ``SpecWindows``'."""
+    still to publish holds an output token (no other request can share it)."""
 
     def __init__(self, sched: Scheduler, queue, accept):
-        super().__init__(sched, queue)
-        self.accept = accept
+        super().__init__(sched, queue, accept)
         self.k = sched.spec.num_speculative_tokens
         self.chunk_len = 1 + self.k
         self.paths: dict[int, _Path] = {}
-        self.windows = SpecWindows(sched, queue, accept)
 
     def _last_step(self, r: Request, step: int, pending) -> int | None:
         sched, k, n, kv = self.sched, self.k, self.chunk_len, self.kv
@@ -962,15 +765,6 @@ class SpecLazyDecode(LazyDecode):
         for r in members:
             self._materialize(r)
         return sum(max(0, r.num_tokens - r.num_computed_tokens) for r in members)
-
-    def run_window(self, env, cost, arrivals, step: int, max_steps: int, max_sim_time_s,
-                   record, progress, num_finished: int):
-        """A ``SpecWindows`` window, the members brought up to date first."""
-        self.dissolve()
-        done = yield from self.windows.run(env, cost, arrivals, step, max_steps, max_sim_time_s,
-                                           record, progress, num_finished)
-        self.upd_next = step + done - (1 if self.is_async else 0)
-        return done
 
     def dissolve(self) -> None:
         super().dissolve()

@@ -1,0 +1,89 @@
+"""A prefix-aware cluster against one engine at the same per-replica load (not a test).
+
+    KVSIM_TRACE_DIR=/work/shared/data PYTHONPATH=$PWD python benchmarks/cluster_speed.py \\
+        [--replicas 8 16] [--repeats 2]
+
+The Mooncake FAST'25 conversation hour (12,031 requests) on Llama-3.1-8B / H100 with vLLM
+0.33.0's defaults: once on one engine at the trace's own rate, and on N prefix-aware replicas
+with the hour sped up N times, so that each replica is as loaded as the one engine. Each is
+the whole ``kvsim run`` process (modules byte-compiled, one untimed warm-up run first); it
+prints wall time, simulated requests per wall-clock second and steps, and each cluster's
+requests per wall second over the one engine's. Skips (exit 0) without the trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from common import kvsim_command, kvsim_env, timed
+
+SCENARIO = """\
+[model]
+preset = "llama-3.1-8b"
+[hardware]
+preset = "h100-sxm"
+[engine]
+vllm_version = "0.33.0"
+block_size = 16
+enable_prefix_caching = true
+[workload]
+kind = "trace"
+trace = "mooncake-conversation"
+speedup = {speedup}
+[run]
+seed = 0
+{cluster}"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--replicas", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--repeats", type=int, default=2, help="runs per setting (median)")
+    args = ap.parse_args()
+
+    from kvsim.errors import ConfigError
+    from kvsim.traces import locate
+
+    try:
+        locate("mooncake-conversation")
+    except ConfigError as e:
+        print(f"skipped: {e}")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="kvsim-cluster-"))
+    env = kvsim_env(work / "pycache")
+    rows = []
+    for n in [1, *args.replicas]:
+        cluster = "" if n == 1 else f'[cluster]\nreplicas = {n}\nrouter = "prefix_aware"\n'
+        path = work / f"c{n}.toml"
+        path.write_text(SCENARIO.format(speedup=float(n), cluster=cluster))
+        cmd = [*kvsim_command(), "run", str(path), "--out", str(work / f"o{n}"), "-q", "--force"]
+        if not rows:
+            timed(cmd, env)  # warm-up
+        walls, rss = [], []
+        for _ in range(args.repeats):
+            wall, rc, peak = timed(cmd, env)
+            if rc:
+                print(f"{n} replicas: kvsim run failed (exit {rc})")
+                return 1
+            walls.append(wall)
+            rss.append(peak)
+        summary = json.loads((work / f"o{n}" / "summary.json").read_text())
+        rows.append((n, walls, statistics.median(walls), max(rss), summary["num_requests"],
+                     summary["num_steps"]))
+        print(f"{n} replica(s): " + ", ".join(f"{w:.1f}" for w in walls) + " s", flush=True)
+    base = rows[0][4] / rows[0][2]
+    print(f"{'replicas':>8} {'speedup':>7} {'wall s':>7} {'req/s':>7} {'steps':>8} "
+          f"{'peak MiB':>8} {'req/s vs one engine':>20}")
+    for n, _, wall, rss, reqs, steps in rows:
+        print(f"{n:>8} {n:>6}x {wall:>7.1f} {reqs / wall:>7.0f} {steps:>8} {rss:>8} "
+              f"{reqs / wall / base:>19.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
