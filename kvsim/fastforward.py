@@ -427,9 +427,12 @@ class Windows:
             steps = min(steps, sched.outputs_left(r) - 1)
             if steps < _MIN_WINDOW:
                 return None
+        if not k:  # no drafts, none accepted: E(t) = t (steady_gains' bound in closed form)
+            steps = min(steps, min(mml - 1 - n - r.num_computed_tokens for r in running) + 1)
+            return [[0] * steps] if steps >= _MIN_WINDOW else None
         rows = []
         for r in running:
-            row = self.accept.peek(r, k, steps) if k else [0] * steps
+            row = self.accept.peek(r, k, steps)
             steps = min(steps, len(steady_gains(row, sched.outputs_left(r) - 1,
                                                 mml - 1 - n - r.num_computed_tokens)) - 1)
             if steps < _MIN_WINDOW:
@@ -458,6 +461,8 @@ class Windows:
         b, mml = kv.block_size, sched.params.max_model_len
         la = sched.spec.num_lookahead_tokens
         acc = np.array(rows, dtype=np.int64)  # (request, window update)
+        if not k:  # (one row stands for all: none accepts anything)
+            acc = np.broadcast_to(acc, (num_running, acc.shape[1]))
         width = acc.shape[1]
         emitted = np.zeros((num_running, width + 1), dtype=np.int64)
         np.cumsum(acc + 1, axis=1, out=emitted[:, 1:])
@@ -498,7 +503,7 @@ class Windows:
                 i = j - lag
                 sums = (num_running, n, total[i], longest[i], shortest[i])
                 d = cost.step_time_s((), num_running, sums)
-                dr = cost.draft_time_s((), num_running, sums)
+                dr = cost.draft_time_s((), num_running, sums) if k else 0.0  # (no drafter)
             starts.append(t)
             durations.append((d, dr))
             t = t + (d + dr)
@@ -507,10 +512,11 @@ class Windows:
             return 0
         # Block events: pops and publications, in step-by-step order (step, then allocations
         # before outputs, then running-list order; a pop before its allocation's publication).
-        events = []
+        # An event is ``key << 32 | blocks``: key = (position of the call) * 2 + kind (0 a
+        # pop, 1 a publication up to ``blocks`` full blocks); a call's position is (2 * step
+        # + 0 for the allocation, 1 for the output) * running + its place in the list.
         pi, pj = np.nonzero(pops[:, :done])
-        for i, j, count in zip(pi.tolist(), pj.tolist(), pops[pi, pj].tolist()):
-            events.extend([((2 * j * num_running + i) * 2, 0)] * count)
+        keys = [np.repeat(((2 * pj * num_running + pi) * 2) << 32, pops[pi, pj])]
         if kv.enable_caching:
             # Published full blocks: by the allocation (up to the tokens), by the output
             # (``published_after_output``, a fixed offset from the tokens in steady decode).
@@ -530,8 +536,7 @@ class Windows:
                               dtype=np.int64)[:, None]
             before = np.maximum.accumulate(np.concatenate([cached, target[:, :-1]], axis=1), axis=1)
             ei, ej = np.nonzero(target > before)
-            for i, j, num_full in zip(ei.tolist(), ej.tolist(), target[ei, ej].tolist()):
-                events.append(((j * num_running + i) * 2 + 1, num_full))
+            keys.append((((ej * num_running + ei) * 2 + 1) << 32) | target[ei, ej])
             # Each request's block hashes up to what it publishes last, in one pass (ids are
             # interned in another order than step by step; only their equality is read).
             final = np.maximum(before[:, -1], target[:, -1]).tolist()
@@ -541,7 +546,7 @@ class Windows:
                     kept, r.num_output_tokens = r.num_output_tokens, out - r.num_prompt_tokens
                     hasher.block_hashes(r, num_full)
                     r.num_output_tokens = kept
-        events.sort()
+        events = np.sort(np.concatenate(keys)).tolist()
         outs = [r.num_output_tokens for r in running]
         # The window's pops come off the free queue in one call (nothing else changes it in
         # a window, and no block published here is free), handed out in order.
@@ -558,12 +563,12 @@ class Windows:
                     r.join_step = step + j
                     sched.add_request(r)
                 wake = arrivals.next_arrival_s()
-            limit = (2 * (j + 1) * num_running) * 2
-            while ei < num_events and events[ei][0] < limit:
-                key, num_full = events[ei]
+            limit = (2 * (j + 1) * num_running * 2) << 32
+            while ei < num_events and events[ei] < limit:
+                key = events[ei] >> 32
                 r = running[(key >> 1) % num_running]
                 if key & 1:  # a publication: what cache_blocks publishes then
-                    kv.publish_blocks(r, num_full)
+                    kv.publish_blocks(r, events[ei] & 0xFFFFFFFF)
                 else:
                     tables[r.req_id].append(next(blocks))
                 ei += 1
