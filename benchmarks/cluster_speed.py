@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import kvsim_command, kvsim_env, timed
+from common import kvsim_command, kvsim_env, repeated, timed
 
 SCENARIO = """\
 [model]
@@ -64,16 +64,13 @@ def main() -> int:
         cmd = [*kvsim_command(), "run", str(path), "--out", str(work / f"o{n}"), "-q", "--force"]
         if not rows:
             timed(cmd, env)  # warm-up
-        walls, rss = [], []
-        for _ in range(args.repeats):
-            wall, rc, peak = timed(cmd, env)
-            if rc:
-                print(f"{n} replicas: kvsim run failed (exit {rc})")
-                return 1
-            walls.append(wall)
-            rss.append(peak)
+        got = repeated(cmd, env, args.repeats)
+        if got is None:
+            print(f"{n} replicas: kvsim run failed")
+            return 1
+        walls, rss = got
         summary = json.loads((work / f"o{n}" / "summary.json").read_text())
-        rows.append((n, walls, statistics.median(walls), max(rss), summary["num_requests"],
+        rows.append((n, walls, statistics.median(walls), rss, summary["num_requests"],
                      summary["num_steps"]))
         print(f"{n} replica(s): " + ", ".join(f"{w:.1f}" for w in walls) + " s", flush=True)
     base = rows[0][4] / rows[0][2]

@@ -35,3 +35,16 @@ def kvsim_command() -> list[str]:
     if script.exists():
         return [str(script)]
     return [sys.executable, "-c", "from kvsim.cli import main; main()"]
+
+
+def repeated(cmd: list[str], env: dict, repeats: int) -> tuple[list[float], int] | None:
+    """``cmd`` run ``repeats`` times: (each run's wall seconds, the highest peak RSS in MiB),
+    or None as soon as one fails."""
+    walls, peak = [], 0
+    for _ in range(repeats):
+        wall, rc, rss = timed(cmd, env)
+        if rc:
+            return None
+        walls.append(wall)
+        peak = max(peak, rss)
+    return walls, peak

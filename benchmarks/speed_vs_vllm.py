@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import kvsim_command, kvsim_env, timed
+from common import kvsim_command, kvsim_env, repeated, timed
 
 SCENARIO = """\
 [model]
@@ -172,15 +172,12 @@ def main() -> int:
         cmd = [*kvsim_command(), "run", str(path), "--out", str(out), "-q", "--force"]
         if not lines:
             timed(cmd, k_env)  # warm-up: byte-compile kvsim and its imports once
-        walls, rss = [], []
-        for _ in range(args.repeats):
-            k_wall, k_rc, k_rss = timed(cmd, k_env)
-            if k_rc:
-                print(f"{case} max_num_seqs {seqs}: kvsim run failed (exit {k_rc})")
-                return 1
-            walls.append(k_wall)
-            rss.append(k_rss)
-        k_wall, k_rss = statistics.median(walls), max(rss)
+        got = repeated(cmd, k_env, args.repeats)
+        if got is None:
+            print(f"{case} max_num_seqs {seqs}: kvsim run failed")
+            return 1
+        walls, k_rss = got
+        k_wall = statistics.median(walls)
         print(f"{case} max_num_seqs {seqs}: kvsim run " + ", ".join(f"{x:.2f}" for x in walls)
               + f" s; vLLM loop {v_loop:.2f} s", flush=True)
         bad = compare(out, vllm)
