@@ -235,9 +235,10 @@ Acceptance = Callable[[Request, int], int]
 
 class SteadyDecodes(Protocol):
     """Running requests a fast path keeps without chunks of their own
-    (``kvsim.fastforward.LazyDecode``): each of its ``num_members`` decodes one sampled token
-    a step, and only the ``due`` ones have an ``allocate_slots(req, 1)`` that acts this step
-    (a block to take or to publish). ``others`` are the rest of the running list, by rank."""
+    (``kvsim.fastforward.LazyDecode``): each of its ``num_members`` is scheduled ``chunk_len``
+    tokens a step (its sampled token and any drafts), and only the ``due`` ones have an
+    ``allocate_slots`` that acts this step (a block to take or to publish). ``others`` are
+    the rest of the running list, by rank."""
 
     num_members: int
     chunk_len: int  # a member's tokens a step: one, or a verify step's 1 + k

@@ -126,9 +126,13 @@ def test_lazy_decode_and_windows_give_the_bytes_of_step_by_step(case, windows):
 
 
 @pytest.mark.parametrize("limit", [{"max_steps": 123}, {"max_sim_time_s": 0.9}])
-def test_a_run_limit_inside_a_window_stops_where_step_by_step_stops(limit, windows):
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "eagle"])
+def test_a_run_limit_inside_a_window_stops_where_step_by_step_stops(limit, spec, windows):
     sc = scenario()
-    sc = parse_scenario({**_raw(sc), "run": {"seed": 3, **limit}})
+    raw = {**_raw(sc), "run": {"seed": 3, **limit}}
+    if spec:
+        raw = {**spec_raw(), "run": {"seed": 3, **limit}}
+    sc = parse_scenario(raw)
     fast = outputs(sc)
     assert windows["window"] > 0
     assert fast == outputs(sc, check_invariants=True)
