@@ -650,8 +650,9 @@ class SpecLazyDecode(LazyDecode):
     act where that crosses its table's end or a block to publish, and it leaves before the
     step whose chunk or output is not a steady one. An output's own publication (vLLM's
     after-verify one) is left to the member's next allocation, which publishes as far
-    before anything reads the hash map: a member joins only if that holds and every block
-    still to publish holds an output token (no other request can share it)."""
+    before any lookup reads the hash map, or to when it is brought up to date (a preemption
+    may free its blocks then): a member joins only if that holds and every block still to
+    publish holds an output token (no other request can share it)."""
 
     def __init__(self, sched: Scheduler, queue, accept):
         super().__init__(sched, queue, accept)
@@ -727,6 +728,13 @@ class SpecLazyDecode(LazyDecode):
             r.num_in_flight_tokens += (s - u) * n
         r.lz_sched += s
         r.lz_upd += u
+        if u and self.kv.enable_caching:
+            # What the last output published (an allocation since would have published as
+            # far): a member brought up to date holds what step by step holds now (a
+            # preemption may free its blocks next).
+            upto = self.sched.published_after_output(r, self.is_async)
+            if upto is not None:
+                self.kv.cache_blocks(r, upto)
 
     def _next_event(self, r: Request, step: int) -> int | None:
         """The first step from ``step`` at which the member's allocation acts (a block to

@@ -413,11 +413,18 @@ SPEC_CASES = [
          model="llama-3.1-8b", hardware="rtx-pro-6000", tp=2),
     dict(cost={"layer_profile": "SYNTHETIC"}),
     dict(request_rate=float("inf"), output_tokens=200, num_requests=40),  # a pool that runs out
+    # Preemptions by priority in a small pool: a member brought up to date holds what its
+    # last output published (the victim's freed blocks keep their hashes).
+    dict(async_scheduling=False, engine={"num_gpu_blocks": 43, "scheduling_policy": "priority",
+                                         "max_model_len": 267},
+         speculative={"method": "eagle", "num_speculative_tokens": 1, "acceptance_rates": [1.0]},
+         request_rate=100.0, output_tokens=100, num_requests=60),
 ]
 
 
-def spec_raw(speculative=None, num_requests=48, **kw):
+def spec_raw(speculative=None, num_requests=48, engine=None, **kw):
     raw = sc_raw(**kw)
+    raw["engine"].update(engine or {})
     raw["speculative"] = speculative or {"method": "eagle", "num_speculative_tokens": 3,
                                          "acceptance": "per_position",
                                          "acceptance_rates": [0.9, 0.8, 0.6]}
