@@ -674,8 +674,8 @@ class SpecLazyDecode(LazyDecode):
                 return None
         elif r.num_output_placeholders or r.num_in_flight_tokens or r.num_computed_tokens != tokens - 1:
             return None
-        if sched.chunk_size(r) != n:
-            return None
+        if sched.chunk_size(r) != n or 0 < sched.params.long_prefill_token_threshold < n:
+            return None  # (a threshold below n cuts its chunk once others compete)
         if kv.enable_caching:
             after = sched.published_after_output(r, self.is_async)
             if after is not None and after > tokens:

@@ -443,6 +443,14 @@ def test_speculative_lazy_decode_and_windows_give_the_bytes_of_step_by_step(case
     assert fast == outputs(sc, check_invariants=True)
 
 
+def test_a_long_prefill_threshold_below_a_verify_chunk_keeps_requests_step_by_step():
+    """A threshold below 1 + k cuts a decode's chunk once requests compete (0.32+: not while
+    one runs alone), so a request alone must not start decoding lazily with whole chunks."""
+    sc = parse_scenario(spec_raw(version="0.32.0", async_scheduling=False, request_rate=3.0,
+                                 engine={"long_prefill_token_threshold": 3}))
+    assert outputs(sc) == outputs(sc, check_invariants=True)
+
+
 @st.composite
 def spec_cases(draw):
     """A random engine with speculative decoding, and requests that run in step or not."""
