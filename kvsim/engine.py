@@ -206,9 +206,10 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
     instance's run limit, or by "stall" if it deadlocked.
 
     An engine keeps its steadily decoding requests lazily (``kvsim.fastforward``; not a
-    data-parallel rank); a router's replica brings them up to date when the router reads
-    it (``Scheduler.up_to_date``). A lone engine fed by ``Arrivals`` also decodes in
-    windows and trims its interned block hashes (replicas share one hash id space)."""
+    data-parallel rank, and with speculative decoding only alone); what a router reads of a
+    replica stays exact (``Scheduler.tokens_to_compute``, the pool, the hash map). A lone
+    engine fed by ``Arrivals`` also decodes in windows and trims its interned block hashes
+    (replicas share one hash id space)."""
     env = simpy.Environment()
     tallies = []
     alone = len(engines) == 1 and type(engines[0][2]) is Arrivals
@@ -270,8 +271,8 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     queue: deque = deque()  # (plan, step index or None), newest first
     step = num_finished = 0
     last_step_s = 0.0
-    # Lazy decode, for a lone engine and a router's replicas (which bring their requests up
-    # to date when the router reads them); decode windows only alone on the clock.
+    # Lazy decode, for a lone engine and a router's replicas (what a router reads of them
+    # stays exact); decode windows only alone on the clock.
     lazy: fastforward.LazyDecode | None = None
     if link is None and not check_invariants:
         if fastforward.applies(sched, accept):

@@ -374,7 +374,8 @@ class LazyDecode:
 
 
 def spec_applies(sched: Scheduler, accept) -> bool:
-    """Whether speculative decode windows may run for this set-up (checked once per run)."""
+    """Whether the set-up can decode lazily, and in windows, with speculative decoding
+    (``SpecLazyDecode``; checked once per run)."""
     return (type(sched.kv) is KVCacheManager and accept is not None and sched.connector is None
             and sched.spec.num_speculative_tokens > 0)
 
