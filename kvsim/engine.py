@@ -339,15 +339,12 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 if c.req.first_scheduled_step is None:  # its queue time ends as this step starts
                     c.req.first_scheduled_step, c.req.first_scheduled_s = index, start
             chunks = [(c.num_new_tokens, c.num_computed_before) for c in plan.scheduled]
-            num_sampled = sum(c.samples for c in plan.scheduled)
-            if plan.num_lazy:
-                sums = (plan.num_lazy, plan.lazy_len, plan.lazy_kv, plan.lazy_longest,
-                        plan.lazy_shortest)
-                duration = cost.step_time_s(chunks, num_sampled + plan.num_lazy, sums)
-                draft = cost.draft_time_s(chunks, num_sampled + plan.num_lazy, sums)
-            else:
-                duration = cost.step_time_s(chunks, num_sampled)
-                draft = cost.draft_time_s(chunks, num_sampled)
+            # Lazily planned members sample too; their chunks come as sums (cost Decodes).
+            num_sampled = sum(c.samples for c in plan.scheduled) + plan.num_lazy
+            sums = (plan.num_lazy, plan.lazy_len, plan.lazy_kv, plan.lazy_longest,
+                    plan.lazy_shortest) if plan.num_lazy else None
+            duration = cost.step_time_s(chunks, num_sampled, sums)
+            draft = cost.draft_time_s(chunks, num_sampled, sums)
             if lockstep is None:
                 yield env.timeout(duration + draft)
             else:

@@ -401,29 +401,20 @@ class Windows:
         n = 1 + k
         num_running = len(running)
         if (not num_running or sched.may_admit or num_running * n > sched.token_budget
-                or num_running * (n + sched.draft_slots) > p.max_num_batched_tokens
-                or 0 < p.long_prefill_token_threshold < n):
+                or num_running * (n + sched.draft_slots) > p.max_num_batched_tokens):
             return None
-        is_async = p.async_scheduling
-        if is_async:
+        if p.async_scheduling:
             if len(self.queue) != 1 or not _is_decode_step(self.queue[0][0], running, n):
                 return None
-            placeholders, in_flight, offset = n, n if sched.sem.has_num_in_flight_tokens else 0, k
         elif self.queue:
             return None
-        else:
-            placeholders, in_flight, offset = 0, 0, -1
         # A window of W steps must not reach any request's end: its W outputs (tokens E(W))
         # finish none (E(W) < outputs_left), and its last chunk still fits max_model_len
         # whole (E(W - 1) + computed + 1 + k <= max_model_len - 1).
         mml = p.max_model_len
         steps = min(max_steps, _MAX_WINDOW_STEPS)
         for r in running:
-            if (r.num_output_tokens < 1 or r.num_output_placeholders != placeholders
-                    or r.num_in_flight_tokens != in_flight or r.num_draft_tokens != k
-                    or r.num_stale_output_tokens or r.status is not Status.RUNNING
-                    or r.num_computed_tokens - r.num_tokens != offset
-                    or sched.chunk_size(r) != n):
+            if not _decodes_steadily(sched, r, n):
                 return None
             steps = min(steps, sched.outputs_left(r) - 1)
             if steps < _MIN_WINDOW:
@@ -604,6 +595,26 @@ class Windows:
         return done
 
 
+def _decodes_steadily(sched: Scheduler, r: Request, n: int) -> bool:
+    """Whether running request ``r``, as ``schedule()`` finds it, decodes steadily in chunks
+    of ``n`` tokens (its token and n − 1 drafts): its outputs applied, nothing stale, its next
+    chunk whole and never cut by the long-prefill threshold; asynchronously, its previous
+    chunk in flight (placeholders for it, computed past its tokens by the drafts)."""
+    k = n - 1
+    if (r.num_output_tokens < 1 or r.num_draft_tokens != k or r.num_stale_output_tokens
+            or r.status is not Status.RUNNING):
+        return False
+    if sched.params.async_scheduling:
+        placeholders, offset = n, k
+        in_flight = n if sched.sem.has_num_in_flight_tokens else 0
+    else:
+        placeholders = in_flight = 0
+        offset = -1
+    return (r.num_output_placeholders == placeholders and r.num_in_flight_tokens == in_flight
+            and r.num_computed_tokens - r.num_tokens == offset and sched.chunk_size(r) == n
+            and not 0 < sched.params.long_prefill_token_threshold < n)
+
+
 def _is_decode_step(plan: StepPlan, running: list, n: int) -> bool:
     """``plan`` gives every request of ``running``, in order, one decode chunk of ``n``
     tokens (its n − 1 drafts) and nothing else."""
@@ -663,20 +674,13 @@ class SpecLazyDecode(LazyDecode):
 
     def _last_step(self, r: Request, step: int, pending) -> int | None:
         sched, k, n, kv = self.sched, self.k, self.chunk_len, self.kv
-        if (r.num_stale_output_tokens or r.status is not Status.RUNNING or r.num_draft_tokens != k
-                or r.num_output_tokens < 1):
+        if not _decodes_steadily(sched, r, n):
             return None
-        tokens = r.num_tokens
-        if self.is_async:
+        if self.is_async:  # the chunk in flight: a whole verify step of its own
             c = pending.get(id(r))
-            if (r.num_output_placeholders != n or r.num_in_flight_tokens != (n if self.in_flight else 0)
-                    or r.num_computed_tokens != tokens + k or c is None or not c.samples
-                    or c.num_new_tokens != n or c.num_spec_tokens != k or c.padded):
+            if c is None or not c.samples or c.num_new_tokens != n or c.num_spec_tokens != k or c.padded:
                 return None
-        elif r.num_output_placeholders or r.num_in_flight_tokens or r.num_computed_tokens != tokens - 1:
-            return None
-        if sched.chunk_size(r) != n or 0 < sched.params.long_prefill_token_threshold < n:
-            return None  # (a threshold below n cuts its chunk once others compete)
+        tokens = r.num_tokens
         if kv.enable_caching:
             after = sched.published_after_output(r, self.is_async)
             if after is not None and after > tokens:

@@ -199,3 +199,41 @@ def test_the_oracle_driver_knows_every_method():
     lists = [ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
              and any(getattr(t, "id", None) == "SPEC_METHODS" for t in node.targets)]
     assert [set(x) for x in lists] == [set(specdec.SPEC_METHODS) - {"none"}]
+
+
+def test_acceptances_drawn_ahead_are_the_ones_drawn_step_by_step():
+    """per_position: whatever was peeked ahead (and for how many drafts), each verify step
+    accepts what the rule gives on the request's own uniforms in order
+    (``random.Random(f"{seed}:{seq}")``; drafts accepted in order while a uniform falls below
+    its position's rate: one uniform per accepted draft and one for the rejection, none
+    after all are accepted)."""
+    import random
+
+    from kvsim.specdec import Acceptance, AcceptanceTally
+
+    rates = (0.9, 0.6, 0.3)
+    req = Request(RequestSpec("r", 0.0, ExplicitTokens((1, 2, 3)), 50), 7)
+    uniforms = random.Random("5:7")
+
+    def by_hand(num_drafts: int) -> int:
+        accepted = 0
+        while accepted < num_drafts and uniforms.random() < rates[min(accepted, 2)]:
+            accepted += 1
+        return accepted
+
+    accept = Acceptance("per_position", rates, 0, seed=5, record=True)
+    tally = AcceptanceTally(accept)
+    first = tally.peek(req, 3, 10)  # drawn ahead, not used up
+    assert tally.peek(req, 3, 10) == first
+    got = tally.take(req, 3, 4)
+    got.append(tally(req, 2))  # fewer drafts than peeked for: the same uniforms, counted again
+    got += [tally(req, 3) for _ in range(3)]
+    ahead = tally.peek(req, 3, 2)
+    got += tally.take(req, 3, 2)
+    got += tally.take(req, 3, 6) + [tally(req, 1), tally(req, 3)]
+    drafts = [3, 3, 3, 3, 2, 3, 3, 3, 3, 3] + [3] * 6 + [1, 3]
+    want = [by_hand(n) for n in drafts]
+    assert got == want
+    assert first[:4] == want[:4] and ahead == want[8:10]
+    assert accept.log == {7: want}
+    assert sorted(tally.outcomes.elements()) == sorted(want)

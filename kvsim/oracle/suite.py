@@ -103,25 +103,39 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
         return 0, 0, 0, 0, []
     results = _run_driver(python, DRIVER, [{**to_driver(sc), "max_schedule_calls": max_calls}
                                            for _, _, sc in cases], version)
+
+    def check(sc: dict, res: dict) -> tuple[bool, list[str]] | None:
+        if "error" not in res:
+            return False, compare(drive(sc, version, check_invariants=False), res, limit=3)
+        m = STALL.match(res["error"])
+        if m is None:
+            return None
+        stall = int(m[1])
+        got = drive(sc, version, check_invariants=False, max_steps=stall + 1)["stall"]
+        return True, [] if got == stall else [f"vLLM deadlocks at step {stall}, kvsim: {got}"]
+    return _tally(version, cases, results, mix_name, check)
+
+
+def _tally(version: str, cases: list, results: list[dict], name,
+           check) -> tuple[int, int, int, int, list[str]]:
+    """(compared, of which ending in the release's own stall, mismatching, refused, first
+    mismatch reports) of the cases ``(seed, mix, scenario)`` and their oracle results, by
+    ``check(scenario, result)``: None if vLLM refused it, else (whether it stalled, the
+    mismatches)."""
     compared = stalls = bad = refused = 0
     reports: list[str] = []
     for (seed, mix, sc), res in zip(cases, results):
-        if "error" in res:
-            m = STALL.match(res["error"])
-            if m is None:
-                refused += 1
-                continue
-            stalls += 1
-            stall = int(m[1])
-            got = drive(sc, version, check_invariants=False, max_steps=stall + 1)["stall"]
-            mismatches = [] if got == stall else [f"vLLM deadlocks at step {stall}, kvsim: {got}"]
-        else:
-            mismatches = compare(drive(sc, version, check_invariants=False), res, limit=3)
+        got = check(sc, res)
+        if got is None:
+            refused += 1
+            continue
+        stalled, mismatches = got
         compared += 1
+        stalls += stalled
         if mismatches:
             bad += 1
             if len(reports) < 10:
-                reports.append(f"{version} seed {seed} {mix_name(mix)}: " + "; ".join(mismatches))
+                reports.append(f"{version} seed {seed} {name(mix)}: " + "; ".join(mismatches))
     return compared, stalls, bad, refused, reports
 
 
@@ -155,21 +169,13 @@ def run_version_pd(version: str, count: int, first_seed: int, python: Path,
     if not cases:
         return 0, 0, 0, 0, []
     results = _run_driver(python, PD_DRIVER, [pd_to_driver(sc) for _, _, sc in cases], version)
-    compared = stalls = bad = refused = 0
-    reports: list[str] = []
-    for (seed, mix, sc), res in zip(cases, results):
+
+    def check(sc: dict, res: dict) -> tuple[bool, list[str]] | None:
         if "error" in res and res.get("stall") is None:
-            refused += 1
-            continue
-        stalls += res.get("stall") is not None
-        mismatches = compare_pd(drive_pd(pd_to_driver(sc), version, check_invariants=False), res,
-                                limit=3)
-        compared += 1
-        if mismatches:
-            bad += 1
-            if len(reports) < 10:
-                reports.append(f"{version} seed {seed} {pd_mix_name(mix)}: " + "; ".join(mismatches))
-    return compared, stalls, bad, refused, reports
+            return None
+        return res.get("stall") is not None, compare_pd(
+            drive_pd(pd_to_driver(sc), version, check_invariants=False), res, limit=3)
+    return _tally(version, cases, results, pd_mix_name, check)
 
 
 def main(argv: list[str] | None = None) -> int:
