@@ -3,6 +3,7 @@ the bytes step-by-step simulation gives (step-by-step: ``check_invariants=True``
 checks the pool after every step and never fast-forwards)."""
 
 import io
+import os
 from unittest import mock
 
 import pytest
@@ -16,6 +17,9 @@ from kvsim.kv.hashing import BlockHasher
 from kvsim.request import ExplicitTokens, RequestSpec
 from kvsim.workload import build_requests
 from tests.builders import make_request, synthetic_layer_profile
+
+# Random engines per property test (``KVSIM_LAZY_EXAMPLES``: more by hand).
+_EXAMPLES = int(os.environ.get("KVSIM_LAZY_EXAMPLES", "120"))
 
 
 def scenario(**kw):
@@ -388,7 +392,7 @@ def _run_and_pool(sc, specs, check_invariants):
              for h, b in kv.pool.cached.items()})
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lazy_cases())
 def test_lazy_decode_gives_the_bytes_of_step_by_step_on_random_engines(case):
     """Results, step records and, at the end, the pool itself (which block goes next, which
@@ -475,7 +479,7 @@ def spec_cases(draw):
     return engine_keys, spec, specs
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec_cases())
 def test_speculative_lazy_decode_gives_the_bytes_of_step_by_step_on_random_engines(case):
     engine_keys, spec, specs = case
