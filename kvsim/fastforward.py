@@ -34,6 +34,14 @@ where a batch can't change for many steps (every running request a member, none 
 no arrival that could join): the members are materialized and the window's steps are made
 in one pass, their block pops in one ``get_new_blocks``, each request's hashes in one call;
 lazy decode starts again after it.
+
+The fast path holds no rule of the KV manager's: where a member's allocation may act next
+is the manager's to say (``KVManager.decode_slack``, early but never late), for one
+full-attention group as for hybrid layouts (sliding windows freeing blocks as they move,
+Mamba states moved and retired, blocks published per group); what an allocation marks in
+every step (a Mamba checkpoint re-keyed, ``decode_marks``) the scheduler marks for the
+members at each lazy step. Decode windows stay on one full-attention group (their numpy
+pass is its rules in closed form).
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ _rank = attrgetter("rank")
 def applies(sched: Scheduler, accept) -> bool:
     """Whether the scheduler's set-up can decode lazily without speculative decoding (checked
     once per run; ``spec_applies``: with it)."""
-    return (type(sched.kv) is KVCacheManager and accept is None and sched.connector is None
+    return (accept is None and sched.connector is None
             and sched.spec.num_speculative_tokens == 0 and sched.spec.num_lookahead_tokens == 0
             and sched.draft_slots == 0 and sched.kv.num_reprefillable == 0)
 
@@ -69,8 +77,7 @@ class LazyDecode:
 
     def __init__(self, sched: Scheduler, queue, accept=None):
         self.sched = sched
-        assert isinstance(sched.kv, KVCacheManager)  # applies(): one full-attention group
-        self.kv: KVCacheManager = sched.kv
+        self.kv = sched.kv
         self.queue = queue
         self.is_async = sched.params.async_scheduling
         self.in_flight = sched.sem.has_num_in_flight_tokens
@@ -86,9 +93,11 @@ class LazyDecode:
         self.retry_at = 0
         self.backoff = 1
         self._due: list[Request] = []  # the members whose allocation acts this step
+        self._marks: dict[int, list[int]] = {}  # id(member) -> keys it marks every step
         self.chunk_len = 1  # each member's tokens a step (SteadyDecodes)
         self.accept = accept
-        self.windows = Windows(sched, queue, accept)
+        # Decode windows: on one full-attention group (their numpy rules are its own).
+        self.windows = Windows(sched, queue, accept) if type(self.kv) is KVCacheManager else None
         sched.steady = self
 
     # -- a member's counters --------------------------------------------------------------
@@ -107,17 +116,12 @@ class LazyDecode:
         r.lz_sched += s
         r.lz_upd += u
 
-    def _next_event(self, r: Request, step: int) -> int | None:
-        """The first step from ``step`` at which the member's ``allocate_slots(r, 1)`` does
-        something (``r`` as it is when ``step`` is scheduled): a new block, or a block filled
-        (its chunk at step j starts at c + j − step, its num_tokens is t + j − step)."""
-        kv, b = self.kv, self.kv.block_size
-        event = step + len(kv.req_to_blocks[r.req_id]) * b - r.num_computed_tokens
-        if kv.enable_caching:
-            fill = (step + (kv.num_cached_block.get(r.req_id, 0) + 1) * b
-                    - r.num_prompt_tokens - r.num_output_tokens)
-            event = min(event, max(fill, step))
-        return event
+    def _next_event(self, r: Request, step: int, earliest: int) -> int | None:
+        """The first step from ``earliest`` at which the member's ``allocate_slots(r, 1)``
+        may act (``r`` as it is when ``step`` is scheduled; its computed tokens and tokens
+        gain one a step): where the KV manager says (``decode_slack``)."""
+        slack = self.kv.decode_slack(r, 1)
+        return None if slack is None else max(step + slack, earliest)
 
     def _last_step(self, r: Request, step: int, pending) -> int | None:
         """For a running request that is not a member: the step at which it would stop being
@@ -127,6 +131,8 @@ class LazyDecode:
         sampled token (perhaps its first, applied as the chunk it is)."""
         if r.num_draft_tokens or r.num_stale_output_tokens or r.status is not Status.RUNNING:
             return None
+        if self.kv.enable_caching and not self.kv.prompt_published(r):
+            return None  # its output publishes a prompt block another request may share
         tokens = r.num_prompt_tokens + r.num_output_tokens
         if self.is_async:
             c = pending.get(id(r))
@@ -162,7 +168,19 @@ class LazyDecode:
         heapq.heappush(self.longest, (-off, r.rank, r))
         heapq.heappush(self.shortest, (off, r.rank, r))
         heapq.heappush(self.leaving, (leave, r.rank, r))
-        self._add_event(r, self._next_event(r, step))
+        self._track(r, step, step)
+
+    def _track(self, r: Request, step: int, earliest: int) -> None:
+        """After a member's allocation (or its join): its next one, from ``earliest``, and
+        the keys it marks published every step until then (``KVManager.decode_marks``)."""
+        self._add_event(r, self._next_event(r, step, earliest))
+        marks = self.kv.decode_marks(r, self.chunk_len)
+        if marks:
+            self._marks[id(r)] = marks
+
+    def marks(self) -> list[int]:
+        """``SteadyDecodes.marks``."""
+        return [key for keys in self._marks.values() for key in keys] if self._marks else []
 
     def _add_event(self, r: Request, event: int | None) -> None:
         if event is None:
@@ -179,6 +197,7 @@ class LazyDecode:
         assert r.lz_sched is not None  # a member
         self.num_members -= 1
         self.sum_off -= r.num_computed_tokens - r.lz_sched
+        self._marks.pop(id(r), None)
         r.lz_sched = None
 
     # -- one step -------------------------------------------------------------------------
@@ -229,7 +248,7 @@ class LazyDecode:
         if plan is None:
             return None
         for r in self._due:  # their allocations are done: the next ones
-            self._add_event(r, self._next_event(r, step))
+            self._track(r, step, step + 1)
         self.others.extend(sched.running[num_running:])  # admitted
         self._sums(plan, step)
         return plan
@@ -256,6 +275,8 @@ class LazyDecode:
             due.sort(key=_rank)
         for r in due:
             self._materialize(r)
+            if self._marks:
+                self._marks.pop(id(r), None)
         return due
 
     def _top(self, name: str, num_lazy: int) -> int:
@@ -296,7 +317,7 @@ class LazyDecode:
         request is a member, none leaves for ``_MIN_WINDOW`` steps, the step in flight is
         theirs alone, and no arrival can join that soon (judged by the last step's time)."""
         sched = self.sched
-        if (not self.num_members or self.others
+        if (self.windows is None or not self.num_members or self.others
                 or (self.leaving and self.leaving[0][0] - step < _MIN_WINDOW)):
             return False
         if self.is_async:
@@ -315,6 +336,7 @@ class LazyDecode:
         """Decode a window of steps at once (``Windows``, the members brought up to date
         first; a SimPy generator, returns the steps done: 0 when it finds none)."""
         self.dissolve()
+        assert self.windows is not None  # window_ahead()
         done = yield from self.windows.run(env, cost, arrivals, step, max_steps, max_sim_time_s,
                                            record, progress, num_finished)
         # The window applied its steps' outputs, but the last one's when asynchronous.
@@ -339,6 +361,7 @@ class LazyDecode:
                                  index)
         self.others = []
         self.longest, self.shortest, self.events, self.leaving = [], [], {}, []
+        self._marks.clear()
 
 
 # -- decode windows: a batch that nothing can change, many steps at once ------------------
@@ -376,8 +399,7 @@ class LazyDecode:
 def spec_applies(sched: Scheduler, accept) -> bool:
     """Whether the set-up can decode lazily, and in windows, with speculative decoding
     (``SpecLazyDecode``; checked once per run)."""
-    return (type(sched.kv) is KVCacheManager and accept is not None and sched.connector is None
-            and sched.spec.num_speculative_tokens > 0)
+    return accept is not None and sched.connector is None and sched.spec.num_speculative_tokens > 0
 
 
 class Windows:
@@ -644,13 +666,13 @@ _plus_one = (1).__add__
 class _Path:
     """A speculative member's steady decode from its join: ``gains`` (``steady_gains`` of
     its acceptances, the output in flight at an asynchronous join first), computed tokens
-    ``c0`` and tokens ``t0`` then; ``used`` of the acceptances are applied (the one in
-    flight at the join as that step's own output)."""
+    ``c0`` then; ``used`` of the acceptances are applied (the one in flight at the join as
+    that step's own output)."""
 
-    __slots__ = ("join", "c0", "t0", "gains", "used")
+    __slots__ = ("join", "c0", "gains", "used")
 
-    def __init__(self, join: int, c0: int, t0: int, gains: list[int], used: int):
-        self.join, self.c0, self.t0, self.gains, self.used = join, c0, t0, gains, used
+    def __init__(self, join: int, c0: int, gains: list[int], used: int):
+        self.join, self.c0, self.gains, self.used = join, c0, gains, used
 
 
 class SpecLazyDecode(LazyDecode):
@@ -659,7 +681,7 @@ class SpecLazyDecode(LazyDecode):
     outputs give it 1 + a tokens, ``a`` drawn ahead from its own stream when it joins
     (``Acceptance.peek``), so its whole steady path is known: its computed tokens and tokens
     at step j are c0 + E(j − join) and t0 + E(j − join) (``steady_gains``), its allocations
-    act where that crosses its table's end or a block to publish, and it leaves before the
+    act where the KV manager says they may (``decode_slack``), and it leaves before the
     step whose chunk or output is not a steady one. An output's own publication (vLLM's
     after-verify one) is left to the member's next allocation, which publishes as far
     before any lookup reads the hash map, or to when it is brought up to date (a preemption
@@ -685,8 +707,7 @@ class SpecLazyDecode(LazyDecode):
             after = sched.published_after_output(r, self.is_async)
             if after is not None and after > tokens:
                 return None  # an output would publish past what the next allocation does
-            if (kv.num_cached_block.get(r.req_id, 0) + 1) * kv.block_size + kv.hasher.lookahead \
-                    <= r.num_prompt_tokens:
+            if not kv.prompt_published(r):
                 return None  # a prompt block still to publish: another request may share it
         cap = sched.outputs_left(r) - 1
         if cap < 2:
@@ -701,7 +722,7 @@ class SpecLazyDecode(LazyDecode):
         life = len(gains) - 1
         if life < 2:
             return None
-        self.paths[id(r)] = _Path(step, r.num_computed_tokens, tokens, gains,
+        self.paths[id(r)] = _Path(step, r.num_computed_tokens, gains,
                                   1 if self.is_async else 0)
         return step + life
 
@@ -709,7 +730,7 @@ class SpecLazyDecode(LazyDecode):
         r.lz_sched, r.lz_upd, r.lz_in = step, self.upd_next, step
         self.num_members += 1
         heapq.heappush(self.leaving, (leave, r.rank, r))
-        self._add_event(r, self._next_event(r, step))
+        self._track(r, step, step)
 
     def _materialize(self, r: Request) -> None:
         assert r.lz_sched is not None  # a member
@@ -741,28 +762,22 @@ class SpecLazyDecode(LazyDecode):
             if upto is not None:
                 self.kv.cache_blocks(r, upto)
 
-    def _next_event(self, r: Request, step: int) -> int | None:
-        """The first step from ``step`` at which the member's allocation acts (a block to
-        take, or one to publish), if before it leaves."""
+    def _next_event(self, r: Request, step: int, earliest: int) -> int | None:
+        """The first step from ``earliest`` at which the member's allocation may act (where
+        the KV manager says, ``decode_slack``, its tokens gained along its path), if before
+        it leaves."""
         p = self.paths[id(r)]
-        kv, b, n = self.kv, self.kv.block_size, self.chunk_len
-        t = step - p.join
-        life = len(p.gains) - 1
-        event = life
-        held = len(kv.req_to_blocks[r.req_id]) * b
-        if held < self.sched.params.max_model_len:  # a block when c + n + lookahead passes it
-            event = bisect_right(p.gains, held - p.c0 - n - self.sched.spec.num_lookahead_tokens)
-        if kv.enable_caching:  # a block published when the tokens fill it (and its lookahead)
-            full = (kv.num_cached_block.get(r.req_id, 0) + 1) * b
-            event = min(event, bisect_left(p.gains, full + max(kv.num_reprefillable,
-                                                                kv.hasher.lookahead) - p.t0))
-        event = max(event, t)
-        return p.join + event if event < life else None
+        slack = self.kv.decode_slack(r, self.chunk_len, self.sched.spec.num_lookahead_tokens)
+        if slack is None:
+            return None
+        event = max(bisect_left(p.gains, p.gains[step - p.join] + slack), earliest - p.join)
+        return p.join + event if event < len(p.gains) - 1 else None
 
     def _leave(self, r: Request) -> None:
         self._materialize(r)
         self.num_members -= 1
         del self.paths[id(r)]
+        self._marks.pop(id(r), None)
         r.lz_sched = None
 
     def _in_flight_chunk(self, r: Request) -> Chunk:

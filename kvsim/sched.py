@@ -253,6 +253,11 @@ class SteadyDecodes(Protocol):
         """Σ max(0, num_tokens − num_computed_tokens) over the members, as they are now."""
         ...
 
+    def marks(self) -> list[int]:
+        """The keys the members' allocations would mark published this step, the due ones'
+        aside (``KVManager.decode_marks``)."""
+        ...
+
 
 class Scheduler:
     def __init__(self, params: SchedulerParams, kv: KVManager, sem: Semantics,
@@ -548,10 +553,12 @@ class Scheduler:
         short (the token budget) or preempt (too few free blocks): ``schedule()`` must plan
         it, every member brought up to date. Without a KV connector."""
         kv, p, slots = self.kv, self.params, self.draft_slots
-        assert isinstance(kv, KVCacheManager) and self.connector is None
+        assert self.connector is None
+        kv.new_step_starts()
         lookahead = self.spec.num_lookahead_tokens
         threshold = self._long_prefill_threshold()
         asks = [(r, 0) for r in steady.due()]  # 0: a member's tokens, no chunk
+        kv.mark_published(steady.marks())
         member = steady.chunk_len
         num_reqs = steady.num_members
         num_tokens = num_reqs * member

@@ -250,15 +250,26 @@ def test_a_clusters_replicas_decode_lazily_and_one_replica_matches_a_lone_run(wi
     assert [asdict(s) for s in rec.steps] == [asdict(s) for s in plain.steps]
 
 
+SWA = [{"kind": "full_attention", "block_size": 16},
+       {"kind": "sliding_window", "block_size": 16, "sliding_window": 40}]
+MAMBA = [{"kind": "full_attention", "block_size": 32},
+         {"kind": "mamba", "block_size": 32, "prefill_checkpoint_alignment": 1}]
+
+
 @pytest.mark.parametrize("router", ["prefix_aware", "least_loaded", "session_affinity"])
 @pytest.mark.parametrize("case", [dict(), dict(async_scheduling=False, version="0.22.1"),
-                                  dict(request_rate=float("inf"), output_tokens=200)],
-                         ids=["async", "sync", "preempting"])
+                                  dict(request_rate=float("inf"), output_tokens=200),
+                                  dict(engine={"kv_groups": SWA}),
+                                  dict(engine={"kv_groups": MAMBA, "block_size": 32})],
+                         ids=["async", "sync", "preempting", "sliding-window", "mamba"])
 def test_lazy_replicas_give_the_bytes_of_step_by_step(router, case, windows):
     """A router reads its replicas (pending tokens, KV usage, cached prefixes) at every
     arrival: lazily kept requests are brought up to date first, so every route, step and
     request is the one step-by-step simulation gives."""
+    case = dict(case)
+    extra = case.pop("engine", {})
     raw = sc_raw(**case)
+    raw["engine"].update(extra)
     raw["workload"].update(num_requests=90, generator="multi_turn", turns=3, think_time_s=0.05)
     raw["cluster"] = {"replicas": 3, "router": router, "load_metric": "kv_usage"}
     sc = parse_scenario(raw)
@@ -490,3 +501,106 @@ def test_speculative_lazy_decode_gives_the_bytes_of_step_by_step_on_random_engin
     except ConfigError:
         return  # a release that refuses the mix (vLLM's own checks)
     assert _run_and_pool(sc, specs, False) == _run_and_pool(sc, specs, True)
+
+
+# -- hybrid layouts: full attention with sliding windows, Mamba groups -----------------------
+
+
+def _hybrid_run(sc, specs, check_invariants):
+    """``_run_and_pool`` for a multi-group layout: a key is its group and the contents its
+    hash stands for (fine or coarse; ids are interned in another order when lazy)."""
+    built = []
+    real_build = engine.build_scheduler
+
+    def build(sc):
+        built.append(real_build(sc))
+        return built[-1]
+
+    with mock.patch.object(engine, "build_scheduler", build):
+        rec = engine.run(sc, specs, check_invariants=check_invariants)
+    kv = built[0].kv
+    num_groups = len(kv.groups)
+    coarse = {cid: span for span, cid in kv._coarse.items()}
+    ids = {key // num_groups for key in kv.pool.cached}
+    fine = kv.hasher.contents([x for h in ids for x in coarse.get(h, (h,))])
+
+    def content(key):
+        h = key // num_groups
+        return key % num_groups, (tuple(fine[x] for x in coarse[h]) if h in coarse else fine[h])
+
+    return (metrics.requests_csv(rec), metrics.steps_csv(rec), rec.stopped_by,
+            list(kv.pool.free_queue),
+            {content(h): sorted(b) if isinstance(b, dict) else b.block_id
+             for h, b in kv.pool.cached.items()})
+
+
+@st.composite
+def hybrid_cases(draw):
+    """A random engine on a hybrid layout (the differential fuzzer's: full attention and
+    sliding windows of several block sizes, or Mamba groups in align mode with or without
+    checkpoints exported from inside a chunk), with or without speculative decoding."""
+    import random
+
+    from kvsim.oracle.fuzz import _groups, _mamba_groups
+    engine_keys, specs = draw(lazy_cases())
+    rng = random.Random(draw(st.integers(0, 1 << 30)))
+    k = draw(st.integers(0, 4))
+    mml, budget = engine_keys["max_model_len"], engine_keys["max_num_batched_tokens"]
+    if draw(st.booleans()):
+        groups, U, need = _mamba_groups(rng, k, engine_keys["vllm_version"] >= "0.32",
+                                        draw(st.sampled_from([1, 1, 2, 3])))
+        need += sum(-(-mml // g["block_size"]) for g in groups if g["kind"] != "mamba")
+    else:
+        groups, U, need = _groups(rng, mml, budget)
+    engine_keys = {**engine_keys, "kv_groups": groups, "block_size": U,
+                   "num_gpu_blocks": need + 1 + draw(st.sampled_from([0, 2, need // 2, 2 * need]))}
+    if draw(st.integers(0, 4)) == 0:
+        engine_keys["prefix_cache_retention_interval"] = draw(st.sampled_from(["dense", U, 2 * U]))
+    spec = None
+    if k:
+        spec = {"method": draw(st.sampled_from(["eagle", "eagle3", "ngram"])),
+                "num_speculative_tokens": k, "acceptance": "per_position",
+                "acceptance_rates": [draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))]}
+        if draw(st.booleans()):  # a lockstep batch: one length, arriving together
+            body = specs[0].prompt if specs else ExplicitTokens((1, 2, 3))
+            out = draw(st.integers(40, 160))
+            specs = [RequestSpec(f"l{i}", 0.0, body, out, 0) for i in range(draw(st.integers(2, 24)))]
+    return engine_keys, spec, specs
+
+
+@settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hybrid_cases())
+def test_lazy_decode_on_hybrid_layouts_gives_the_bytes_of_step_by_step(case):
+    engine_keys, spec, specs = case
+    raw = {**sc_raw(), "engine": engine_keys, "run": {"seed": 1, "max_steps": 4000}}
+    if spec:
+        raw["speculative"] = spec
+    try:
+        sc = parse_scenario(raw)
+    except ConfigError:
+        return  # a release that refuses the mix (vLLM's own checks)
+    assert _hybrid_run(sc, specs, False) == _hybrid_run(sc, specs, True)
+
+
+HYBRID_CASES = [
+    dict(engine={"kv_groups": SWA}),  # async, per-position acceptance
+    dict(engine={"kv_groups": SWA}, async_scheduling=False, version="0.22.1"),
+    dict(engine={"kv_groups": MAMBA, "block_size": 32}),
+    dict(engine={"kv_groups": MAMBA, "block_size": 32, "prefix_cache_retention_interval": 64},
+         version="0.32.0", async_scheduling=False),
+    dict(engine={"kv_groups": [*SWA, {"kind": "full_attention", "block_size": 64}],
+                 "block_size": 64}, request_rate=float("inf"), output_tokens=200,
+         num_requests=40),  # three groups, U = 64, a pool that runs out
+]
+
+
+@pytest.mark.parametrize("spec", [True, False], ids=["eagle", "plain"])
+@pytest.mark.parametrize("case", HYBRID_CASES, ids=[str(c["engine"]) for c in HYBRID_CASES])
+def test_lazy_decode_on_named_hybrid_layouts_gives_the_bytes_of_step_by_step(case, spec, windows):
+    raw = spec_raw(**case)
+    if not spec:
+        del raw["speculative"]
+    sc = parse_scenario(raw)
+    fast = outputs(sc)
+    assert windows["lazy"] > 0, "the case tests nothing"
+    assert fast == outputs(sc, check_invariants=True)

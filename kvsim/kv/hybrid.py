@@ -32,7 +32,7 @@ Every group draws on the same ``BlockPool``; each group keeps its own block tabl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from math import gcd, lcm
 from typing import Literal
@@ -581,15 +581,12 @@ class HybridKVCacheManager:
         assert not (num_external_computed_tokens or delay_cache_blocks or reserved_blocks)
         hit = new_computed_blocks or {}
         local = req.num_computed_tokens + num_new_computed_tokens
-        total = min(local, self.max_model_len)
-        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
+        total, main, need, prefill_end = self._slots(req, local, num_new_tokens, num_lookahead_tokens)
         if full_sequence_must_fit:
             full = min(req.num_tokens, self.max_model_len)
             if self.num_blocks_to_allocate(req.req_id, full, hit, total, True,
                                            prefill_end=prefill_end) > self.pool.num_free_blocks:
                 return None
-        main = total + num_new_tokens
-        need = min(main + num_lookahead_tokens, self.max_model_len)
         # Even if the allocation then fails; on the processed-token basis (in-flight steps
         # still read their window; 0.32 kv_cache_manager.py:552-559). Before 0.32 all computed
         # tokens count (0.22 :373-375): the scheduler keeps num_in_flight_tokens at 0 there.
@@ -623,6 +620,121 @@ class HybridKVCacheManager:
         if self.enable_caching:
             self.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
         return new_blocks
+
+    def _slots(self, req: Request, local: int, num_new_tokens: int,
+               num_lookahead_tokens: int) -> tuple[int, int, int, int]:
+        """An allocation's token counts: computed tokens (capped), their end after the new
+        tokens (``main``), the slots it needs (lookahead included), where the prefill ends."""
+        total = min(local, self.max_model_len)
+        main = total + num_new_tokens
+        need = min(main + num_lookahead_tokens, self.max_model_len)
+        return total, main, need, max(req.num_prompt_tokens, req.num_tokens - 1)
+
+    def num_blocks_to_grow(self, req: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int:
+        """Blocks ``allocate_slots(req, num_new_tokens, num_lookahead_tokens=...)`` takes for a
+        running request (no hit), what ``remove_skipped_blocks`` frees first not counted."""
+        local = req.num_computed_tokens
+        _, main, need, prefill_end = self._slots(req, local, num_new_tokens, num_lookahead_tokens)
+        return self.num_blocks_to_allocate(req.req_id, need, {}, local, main_tokens=main,
+                                           prefill_end=prefill_end)
+
+    def decode_slack(self, req: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int | None:
+        """``KVCacheManager.decode_slack`` for every group: the tokens a running request can
+        gain, computed tokens and tokens alike, before ``allocate_slots`` acts in some group,
+        each group's rules asked where they next act on its table as it is:
+
+        * ``remove_skipped_blocks``: the skipped tokens (``num_skipped_tokens`` of the
+          processed tokens, which grow with the computed ones) reach past the next block
+          still held; a Mamba state of two steps ago once the tokens pass its block;
+        * an allocation: the slots (lookahead, speculative blocks) pass the table's end;
+        * ``cache_blocks``: ``_cacheable_tokens`` fills the next block to publish (found by
+          bisection on the rule itself), a prompt-tail entry still to make, and in Mamba
+          align mode a checkpoint to re-key while the cacheable tokens are at the prompt's.
+
+        Early, never late: what it can't tell says now (a chunk longer than a Mamba block,
+        which may export a checkpoint from inside; a checkpoint of the last call pending)."""
+        rid, mml = req.req_id, self.max_model_len
+        c, t = req.num_computed_tokens, req.num_tokens
+        n, nsb, null = num_new_tokens, self.num_speculative_blocks, self.pool.null_block
+        # Processed tokens: in steady decode at most one chunk is in flight (0.32+ async);
+        # a longer one now (a prefill's last chunk) only makes this early.
+        processed = c - min(req.num_in_flight_tokens, n)
+        cached = min(c + n, t)  # what cache_blocks publishes up to
+        slack = None
+
+        def at(x: int) -> None:
+            nonlocal slack
+            x = max(x, 0)
+            slack = x if slack is None or x < slack else slack
+
+        for g in self.groups:
+            table = g.tables.get(rid)
+            if table is None:
+                return 0
+            b, kind, size = g.block_size, g.spec.kind, len(table)
+            mamba = kind == "mamba"
+            align = mamba and self.mamba_align
+            if align and (rid in g.checkpoints or rid not in g.allocated
+                          or (self.mamba_checkpoint_alignment is not None and n > b)):
+                return 0
+            # Frees: the blocks below the skipped tokens, newest first down to a null block
+            # (past them from where the last call stopped, 0.32+ Mamba align).
+            computed = processed - (nsb if mamba and not self.rules.mamba_retire else 0)
+            skipped = g.num_skipped_tokens(max(0, computed))
+            if kind != "full_attention":
+                if align and self.rules.mamba_retire:
+                    first = g.num_retired.get(rid, 0)
+                else:
+                    first = max(0, min(skipped // b, size) - 1)
+                j = next((i for i in range(first, size) if table[i] is not null), None)
+                if j is not None:
+                    at((j + 1) * b - skipped)
+            if align:
+                idx = g.last_state_idx.get(rid)
+                if idx is not None and idx < size and table[idx] is not null:
+                    at((idx + 1) * b + 1 - max(0, computed))
+                at((size - nsb) * b + 1 - (c + n))  # the running state's next block
+            else:
+                extra = b * nsb if mamba else 0
+                if size * b - extra < mml:
+                    at(size * b - extra + 1 - (c + n + num_lookahead_tokens))
+            if not self.enable_caching:
+                continue
+            # Publications: the next block to publish, a prompt-tail entry not made yet.
+            at(self._cacheable_reach(g, cached, (g.num_cached.get(rid, 0) + 1) * b))
+            if kind == "full_attention" and self.rules.partial_tail_hashes \
+                    and b != self.hash_block_size:
+                tail = self._partial_tail(req, g, 1 << 62)
+                if tail is not None and not self.pool.has_entry(tail[0], tail[1]):
+                    at(self._cacheable_reach(g, cached, tail[2]))
+            if align and self.rules.mamba_tail_rekey != "never":
+                # The prompt's checkpoint, re-keyed at every call while the cacheable tokens
+                # stay there (``decode_marks``): when they reach it, and pass it.
+                latest = mamba_checkpoint_position(req.num_prompt_tokens, self.hash_block_size,
+                                                   self.eagle_drop, self.hash_lookahead)
+                now = self._cacheable_tokens(g, cached)
+                if now <= latest:
+                    at(self._cacheable_reach(g, cached, latest + (now == latest)))
+        return slack
+
+    def _cacheable_reach(self, g: _Group, num_tokens: int, target: int) -> int:
+        """The fewest tokens past ``num_tokens`` at which ``_cacheable_tokens`` reaches
+        ``target`` (it never falls as the tokens grow: bisected on the rule itself)."""
+        lo, hi = 0, max(0, target + self.block_size + self.num_reprefillable - num_tokens)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._cacheable_tokens(g, num_tokens + mid) >= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def prompt_published(self, req: Request) -> bool:
+        """Whether every group has published (or passed, where it keeps only some) every
+        prompt block the request's allocations publish."""
+        la = self.hasher.lookahead
+        return all((g.num_cached.get(req.req_id, 0) + 1) * g.block_size + la > req.num_prompt_tokens
+                   for g in self.groups)
 
     def _mamba_align_allocate(self, g: _Group, req_id: str, main_tokens: int,
                               table: list[Block]) -> list[Block]:
@@ -756,7 +868,6 @@ class HybridKVCacheManager:
         the prompt's checkpoint, nor retained, nor the junction); without one, the state at
         the prompt's checkpoint position is (re-)registered under that prefix's hash. Either
         counts as published in this step."""
-        H = self.hash_block_size
         internal = g.checkpoints.get(req.req_id)
         if internal is not None:
             position, idx = internal
@@ -777,22 +888,53 @@ class HybridKVCacheManager:
             self.pool.cache_partial_block(blk, key, position, replace_existing_hashes=True)
             g.cached_this_step.add(key)
             return
+        rekey = self._prompt_checkpoint_rekey(req, g, num_tokens)
+        if rekey is not None:
+            blk, key = rekey
+            self.pool.cache_partial_block(blk, key, num_tokens)
+            g.cached_this_step.add(key)
+
+    def _prompt_checkpoint_rekey(self, req: Request, g: _Group,
+                                 num_tokens: int) -> tuple[Block, int] | None:
+        """The state block and key ``_rekey_mamba_checkpoint`` (re-)registers at the prompt's
+        checkpoint when ``num_tokens`` are cacheable and no checkpoint is exported from
+        inside the chunk; None: none."""
+        H = self.hash_block_size
         if num_tokens <= 0 or num_tokens % H:
-            return
+            return None
         latest = mamba_checkpoint_position(req.num_prompt_tokens, H, self.eagle_drop,
                                            self.hash_lookahead)
         if num_tokens != latest or num_tokens // H > len(req.block_hashes):
-            return
+            return None
         table = g.tables.get(req.req_id, ())
         idx = cdiv(num_tokens, g.block_size) - 1
         if idx >= len(table) or table[idx] is self.pool.null_block:
-            return
+            return None
         blk = table[idx]
         if self.rules.mamba_tail_rekey == "unless_keyed" and blk.hash_tokens == num_tokens:
-            return
-        key = self._prefix_key(req, g, num_tokens)
-        self.pool.cache_partial_block(blk, key, num_tokens)
-        g.cached_this_step.add(key)
+            return None
+        return blk, self._prefix_key(req, g, num_tokens)
+
+    def decode_marks(self, req: Request, num_new_tokens: int) -> list[int]:
+        """The keys the request's ``allocate_slots(req, num_new_tokens)`` marks published in
+        every step while ``decode_slack`` says nothing else acts: a Mamba state re-keyed at
+        the prompt's checkpoint (align mode), for ``mark_published`` to mark in its stead.
+        Pure."""
+        if not (self.mamba_align and self.enable_caching and self.rules.mamba_tail_rekey != "never"):
+            return []
+        cached = min(req.num_computed_tokens + num_new_tokens, req.num_tokens)
+        out = []
+        for g in self.mamba_groups:
+            if req.req_id not in g.checkpoints:
+                rekey = self._prompt_checkpoint_rekey(req, g, self._cacheable_tokens(g, cached))
+                if rekey is not None:
+                    out.append(rekey[1])
+        return out
+
+    def mark_published(self, keys: Iterable[int]) -> None:
+        """Mark ``decode_marks``' keys published in this step (each names its group)."""
+        for key in keys:
+            self.groups[key % len(self.groups)].cached_this_step.add(key)
 
     def _prefix_key(self, req: Request, g: _Group, num_tokens: int) -> int:
         """Group ``g``'s map key for the prefix of ``num_tokens`` (a multiple of the hash block):
@@ -816,16 +958,24 @@ class HybridKVCacheManager:
         """0.32+: a full-attention block coarser than the hash unit that holds the end of the
         prompt is also published under the fine hash of that end (the prompt-tail entry that
         fine-grained lookups can hit); this changes where the block goes when freed."""
+        tail = self._partial_tail(req, g, num_tokens)
+        if tail is not None:
+            blk, key, boundary = tail
+            self.pool.cache_partial_block(blk, key, boundary)
+
+    def _partial_tail(self, req: Request, g: _Group, num_tokens: int) -> tuple[Block, int, int] | None:
+        """The prompt-tail entry ``_cache_partial_tail`` makes with ``num_tokens`` cacheable:
+        (block, key, boundary), or None."""
         H = self.hash_block_size
         limit = req.num_prompt_tokens if g.use_eagle else req.num_prompt_tokens - 1
         boundary = min(limit // H, len(req.block_hashes)) * H
         if boundary == 0 or boundary > num_tokens or boundary % g.block_size == 0:
-            return
+            return None
         table = g.tables.get(req.req_id, ())
         idx = boundary // g.block_size
-        if idx < len(table):
-            key = self._prefix_key(req, g, boundary)
-            self.pool.cache_partial_block(table[idx], key, boundary)
+        if idx >= len(table):
+            return None
+        return table[idx], self._prefix_key(req, g, boundary), boundary
 
     # -- freeing and checks --------------------------------------------------------------
 

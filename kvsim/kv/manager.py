@@ -60,6 +60,27 @@ class KVManager(Protocol):
 
     def cache_blocks(self, req: Request, num_tokens: int, /) -> None: ...
 
+    def num_blocks_to_grow(self, req: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int:
+        """Blocks ``allocate_slots(req, num_new_tokens, ...)`` takes for a running request
+        (no hit), frees before it not counted."""
+        ...
+
+    def decode_slack(self, req: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int | None:
+        """Tokens a steadily decoding request can gain before its ``allocate_slots`` acts
+        (0: now; None: never); may be early, never late (a fast path calls it then)."""
+        ...
+
+    def prompt_published(self, req: Request) -> bool:
+        """Whether the request's allocations have published every prompt block they will."""
+        ...
+
+    def decode_marks(self, req: Request, num_new_tokens: int) -> list[int]:
+        """Keys its ``allocate_slots`` marks published at every step of ``decode_slack``'s
+        stretch (a fast path marks them with ``mark_published`` instead)."""
+        ...
+
+    def mark_published(self, keys: Iterable[int]) -> None: ...
+
     def free(self, req: Request) -> None: ...
 
     def new_step_starts(self) -> None: ...
@@ -143,6 +164,36 @@ class KVCacheManager:
         the free queue for a running request (no hit). Pure."""
         return self.num_blocks_to_allocate(req.req_id, min(
             req.num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len), [])
+
+    def decode_slack(self, req: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int | None:
+        """How many tokens a running request can gain, its computed tokens and its tokens
+        alike (steady decode), before ``allocate_slots(req, num_new_tokens,
+        num_lookahead_tokens=...)`` acts: a block taken when the slots pass its table's end,
+        a block published when its tokens (and the lookahead its hash needs) fill it. 0: it
+        acts now; None: never. Pure."""
+        b = self.block_size
+        held = len(self.req_to_blocks[req.req_id]) * b
+        slack = None
+        if held < self.max_model_len:
+            slack = max(0, held + 1 - req.num_computed_tokens - num_new_tokens - num_lookahead_tokens)
+        if self.enable_caching:
+            full = (self.num_cached_block.get(req.req_id, 0) + 1) * b
+            fill = max(0, full + max(self.num_reprefillable, self.hasher.lookahead) - req.num_tokens)
+            slack = fill if slack is None else min(slack, fill)
+        return slack
+
+    def decode_marks(self, req: Request, num_new_tokens: int) -> list[int]:
+        """None here (``HybridKVCacheManager.decode_marks``: Mamba's re-keyed checkpoints)."""
+        return []
+
+    def mark_published(self, keys: Iterable[int]) -> None:
+        """Nothing to mark: a lookup here reads no step's publications."""
+
+    def prompt_published(self, req: Request) -> bool:
+        """Whether every block of the prompt that the request's allocations publish is
+        published (a later one holds an output token: no other request can share it)."""
+        return ((self.num_cached_block.get(req.req_id, 0) + 1) * self.block_size
+                + self.hasher.lookahead > req.num_prompt_tokens)
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[Block] | None = None,

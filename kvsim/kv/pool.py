@@ -225,11 +225,15 @@ class BlockPool:
         """
         if blk is self.null_block:
             return
-        already = blk.block_hash == key or self._contains(key, blk)
+        already = self.has_entry(blk, key)
         if replace_existing_hashes or (
                 not already and blk.block_hash is not None and blk.hash_tokens < num_tokens):
             self._remove_hashes(blk)
         self._insert_hash(key, blk, num_tokens)
+
+    def has_entry(self, blk: Block, key: int) -> bool:
+        """Whether ``blk`` is reachable under ``key`` (or is the null block)."""
+        return blk is self.null_block or blk.block_hash == key or self._contains(key, blk)
 
     def evict(self, blk: Block) -> None:
         """Unpublish ``blk`` (vLLM's _maybe_evict_cached_block): its contents are gone."""
