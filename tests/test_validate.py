@@ -66,3 +66,34 @@ def test_missing_oracle_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     assert main(["validate", str(scen)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no oracle environment" in err
+
+
+def test_driver_scenario_carries_the_layout_kvsim_resolved():
+    """A model's own hybrid layout (Qwen3.5: Gated DeltaNet groups exporting prefill
+    checkpoints on the block grid, Mamba align mode) reaches the driver whole: replayed from
+    the driver's format, every request is scheduled, cached and finished where the kvsim
+    run put it (without the checkpoint alignment a prompt's prefill splits at its
+    checkpoint instead, a step later)."""
+    from kvsim import engine
+    from kvsim.workload import build_requests
+
+    raw = {"model": {"preset": "qwen3.5-27b"}, "hardware": {"preset": "h100-sxm"},
+           "engine": {"num_gpu_blocks": 300, "max_model_len": 4096,
+                      "max_num_batched_tokens": 4096, "max_num_seqs": 8,
+                      "enable_prefix_caching": True},
+           "workload": {"num_requests": 8, "request_rate": 20.0, "system_prompt_tokens": 1700,
+                        "num_users": 1, "user_history_tokens": 0, "input_tokens": 200,
+                        "output_tokens": 10}}
+    sc = parse_scenario(raw)
+    assert any(g.prefill_checkpoint_alignment for g in sc.engine.kv_groups)
+    scen = driver_scenario(sc)
+    groups = scen["engine"]["kv_groups"]
+    assert [g.get("prefill_checkpoint_alignment") for g in groups] == [
+        g.prefill_checkpoint_alignment for g in sc.engine.kv_groups]
+    assert scen["engine"]["mamba_cache_mode"] == "align"
+    rec = engine.run(sc, build_requests(sc))
+    out = drive(scen, "0.33.0")["requests"]
+    for r in rec.requests:
+        got = out[r.req_id]
+        assert (got["first_token_step"], got["finish_step"], got["cached_tokens"]) == (
+            r.first_token_step, r.finish_step, r.cached_tokens)

@@ -56,10 +56,20 @@ def driver_scenario(sc: Scenario) -> dict:
                               **{k: True for k in ("disable_eagle_block_drop",
                                                    "disable_lookahead_block_hashes",
                                                    "parallel_drafting") if getattr(s, k)}}
+        if s.method == "mtp" and sc.model.num_nextn_predict_layers > 1:  # multi-module MTP
+            eng["speculative"]["mtp_num_layers"] = sc.model.num_nextn_predict_layers
     if e.kv_groups:
+        # The layout as kvsim resolved it (a model's own included): each group's spec, the
+        # Mamba mode and the checkpoint retention the run used.
         eng["kv_groups"] = [{"kind": g.kind, "block_size": g.block_size, "eagle": g.eagle,
                              **({"sliding_window": g.sliding_window}
-                                if g.kind == "sliding_window" else {})} for g in e.kv_groups]
+                                if g.kind == "sliding_window" else {}),
+                             **({"prefill_checkpoint_alignment": g.prefill_checkpoint_alignment}
+                                if g.prefill_checkpoint_alignment is not None else {})}
+                            for g in e.kv_groups]
+        if any(g.kind == "mamba" for g in e.kv_groups):
+            eng["mamba_cache_mode"] = e.mamba_cache_mode
+        eng["prefix_cache_retention_interval"] = e.prefix_cache_retention_interval
     requests = []
     for r in rec.requests:
         if r.join_step is None:
