@@ -719,8 +719,10 @@ class HybridKVCacheManager:
 
     def _cacheable_reach(self, g: _Group, num_tokens: int, target: int) -> int:
         """The fewest tokens past ``num_tokens`` at which ``_cacheable_tokens`` reaches
-        ``target`` (it never falls as the tokens grow: bisected on the rule itself)."""
-        lo, hi = 0, max(0, target + self.block_size + self.num_reprefillable - num_tokens)
+        ``target`` (it never falls as the tokens grow, and never exceeds them: bisected on the
+        rule itself)."""
+        lo = max(0, target - num_tokens)
+        hi = max(lo, target + self.block_size + self.num_reprefillable - num_tokens)
         while lo < hi:
             mid = (lo + hi) // 2
             if self._cacheable_tokens(g, num_tokens + mid) >= target:
@@ -842,13 +844,16 @@ class HybridKVCacheManager:
     def cache_blocks(self, req: Request, num_computed: int) -> None:
         if not self.enable_caching:
             return
+        self.hasher.block_hashes(req, 1 << 62)  # (the prompt tail and Mamba re-keys read them)
         for g in self.groups:
-            keys = self._group_keys(req, g)
             num_cached = g.num_cached.get(req.req_id, 0)
             cacheable = self._cacheable_tokens(g, num_computed)
-            num_full = min(cacheable // g.block_size, len(keys))
-            if num_cached < num_full:
-                self._cache_full(req, g, keys, num_cached, num_full)
+            num_full = cacheable // g.block_size
+            if num_cached < num_full:  # (else the group's keys needn't be made yet)
+                keys = self._group_keys(req, g)
+                num_full = min(num_full, len(keys))
+                if num_cached < num_full:
+                    self._cache_full(req, g, keys, num_cached, num_full)
             if (self.rules.partial_tail_hashes and g.spec.kind == "full_attention"
                     and g.block_size != self.hash_block_size):
                 self._cache_partial_tail(req, g, cacheable)
