@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 
@@ -20,13 +20,29 @@ def kvsim_env(cache: Path) -> dict:
     return env
 
 
+# Started by a small process: Linux keeps a process's peak RSS across exec, so a child forked
+# straight from this one (grown by the results it holds) would report this one's size.
+_RUN = """\
+import os, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+wall = time.perf_counter() - start
+with open(sys.argv[1], "w") as f:
+    f.write(f"{wall!r} {os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}")
+"""
+
+
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, int, int]:
-    """Run ``cmd``; (wall seconds, exit status, peak RSS in MiB) of the child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    return wall, os.waitstatus_to_exitcode(status), usage.ru_maxrss // 1024
+    """Run ``cmd``; (wall seconds, exit status, peak RSS in MiB) of the child process, timed
+    and measured by a small process that starts it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "usage"
+        rc = subprocess.call([sys.executable, "-c", _RUN, str(out), *cmd], env=env)
+        if not out.exists():
+            return 0.0, rc or 1, 0
+        wall, status, rss = out.read_text().split()
+    return float(wall), int(status), int(rss) // 1024
 
 
 def kvsim_command() -> list[str]:
