@@ -38,17 +38,17 @@ from common import kvsim_command, kvsim_env, repeated, timed
 
 SCENARIO = """\
 [model]
-preset = "llama-3.1-8b"
+preset = "{model}"
 [hardware]
 preset = "h100-sxm"
 [engine]
 vllm_version = "{vllm}"
-block_size = 16
 enable_prefix_caching = true
 num_gpu_blocks = {blocks}
 max_num_seqs = {seqs}
 max_num_batched_tokens = {batched}
 max_model_len = {mml}
+{layout}
 [workload]
 kind = "synthetic"
 generator = "shared_prefix"
@@ -63,31 +63,53 @@ output_tokens = {output}
 seed = 0
 {extra}"""
 
-# The workloads: plain decode, and EAGLE with 3 drafts of which 2 are accepted at every
-# verify step, on prompts that share a system prompt (prefix caching hits it).
-CASES = {
-    "plain": dict(requests=6000, prompt=512, output=256, system=0, extra=""),
-    "eagle": dict(requests=12000, prompt=256, output=256, system=256, extra="""\
+# 3 drafts of which 2 are accepted at every verify step.
+SPEC = """\
 [speculative]
-method = "eagle"
+method = "{method}"
 num_speculative_tokens = 3
 acceptance = "fixed"
 num_accepted = 2
-"""),
+"""
+LLAMA = dict(model="llama-3.1-8b", layout="block_size = 16")
+# The workloads: plain decode; EAGLE on prompts that share a system prompt (prefix caching
+# hits it); MTP on a full-attention + sliding-window layout (DeepSeek-V3's MTP module, its
+# MLA layers as a full-attention group of block 64 holding the MTP layer, and a 128-token
+# window group, as DeepSeek-V4 and MiMo-V2 mix them); MTP on Qwen3.5-27B's own layout (three
+# Gated DeltaNet groups and a full-attention one, vLLM's Mamba "align" mode, block 832:
+# the shared system prompt spans whole blocks).
+CASES = {
+    "plain": dict(LLAMA, requests=6000, prompt=512, output=256, system=0, extra=""),
+    "eagle": dict(LLAMA, requests=12000, prompt=256, output=256, system=256,
+                  extra=SPEC.format(method="eagle")),
+    "mtp-swa": dict(model="deepseek-v3", layout="""\
+[[engine.kv_groups]]
+kind = "full_attention"
+block_size = 64
+eagle = true
+[[engine.kv_groups]]
+kind = "sliding_window"
+block_size = 64
+sliding_window = 128""", requests=12000, prompt=256, output=256, system=256,
+                    extra=SPEC.format(method="mtp")),
+    "mtp-mamba": dict(model="qwen3.5-27b", layout="", requests=6000, prompt=256, output=256,
+                      system=2048, extra=SPEC.format(method="mtp")),
 }
 
 
 def state_changes(sc, out: Path) -> dict[str, int]:
     """The state-changing events of the run, the floor any simulator of these semantics pays:
     arrivals, completions, preemptions, and block boundaries (the blocks each request's table
-    reaches, prompt and outputs and lookahead slots, a prefix hit's included)."""
+    reaches in each KV group, prompt and outputs and lookahead slots, a prefix hit's
+    included)."""
     with open(out / "requests.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     e = sc.engine
     la = sc.speculative.num_speculative_tokens if sc.speculative.method in (
         "eagle", "eagle3", "mtp", "draft_model") else 0
+    sizes = [g.block_size for g in e.kv_groups] if e.kv_groups else [e.block_size]  # per group
     blocks = sum(-(-min(int(r["prompt_tokens"]) + int(r["output_tokens"]) + la, e.max_model_len)
-                   // e.block_size) for r in rows)
+                   // b) for r in rows for b in sizes)
     done = sum(r["finish_step"] != "" for r in rows)
     preempted = sum(int(r["num_preemptions"]) for r in rows)
     return {"arrivals": len(rows), "completions": done, "preemptions": preempted,
@@ -188,11 +210,11 @@ def main() -> int:
     print(f"vLLM {args.vllm} semantics, {args.num_gpu_blocks} blocks, max_num_batched_tokens "
           f"{args.max_num_batched_tokens}; events: arrivals + completions + preemptions + block "
           f"boundaries")
-    print(f"{'case':>6} {'requests':>9} {'max_num_seqs':>12} {'steps':>7}  {'vLLM loop s':>11} "
+    print(f"{'case':>9} {'requests':>9} {'max_num_seqs':>12} {'steps':>7}  {'vLLM loop s':>11} "
           f"{'steps/s':>8} {'RSS MiB':>7}  {'kvsim run s':>11} {'steps/s':>8} {'req/s':>7} "
           f"{'RSS MiB':>7} {'events':>9} {'us/event':>8}  {'speed-up':>8}  outputs")
     for case, seqs, n_steps, n_req, v_loop, _, v_rss, k_wall, k_rss, events, bad in lines:
-        print(f"{case:>6} {n_req:>9} {seqs:>12} {n_steps:>7}  {v_loop:>11.2f} "
+        print(f"{case:>9} {n_req:>9} {seqs:>12} {n_steps:>7}  {v_loop:>11.2f} "
               f"{n_steps / v_loop:>8.0f} {v_rss:>7}  {k_wall:>11.2f} {n_steps / k_wall:>8.0f} "
               f"{n_req / k_wall:>7.0f} {k_rss:>7} {events:>9} {1e6 * k_wall / events:>8.1f}  "
               f"{v_loop / k_wall:>7.1f}x  {'identical' if not bad else f'{len(bad)} differences'}")
