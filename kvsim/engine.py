@@ -277,7 +277,7 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
     if link is None and not check_invariants:
         if fastforward.applies(sched, accept):
             lazy = fastforward.LazyDecode(sched, queue)
-        elif alone and fastforward.spec_applies(sched, accept):  # (a router reads nothing of it)
+        elif fastforward.spec_applies(sched, accept):
             lazy = fastforward.SpecLazyDecode(sched, queue, accept)
     trim_at = _TRIM_HASHES if alone and isinstance(sched.kv, KVCacheManager) else None
     while True:

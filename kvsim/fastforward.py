@@ -94,6 +94,8 @@ class LazyDecode:
         self.backoff = 1
         self._due: list[Request] = []  # the members whose allocation acts this step
         self._marks: dict[int, list[int]] = {}  # id(member) -> keys it marks every step
+        self.by_rank: list[tuple[int, int, Request]] = []  # (-rank, join no., r), stale allowed
+        self._num_joins = 0
         self.chunk_len = 1  # each member's tokens a step (SteadyDecodes)
         self.accept = accept
         # Decode windows: on one full-attention group (their numpy rules are its own).
@@ -168,7 +170,18 @@ class LazyDecode:
         heapq.heappush(self.longest, (-off, r.rank, r))
         heapq.heappush(self.shortest, (off, r.rank, r))
         heapq.heappush(self.leaving, (leave, r.rank, r))
+        self._joined(r, step)
+
+    def _joined(self, r: Request, step: int) -> None:
+        """What every member keeps from its join: its place in the running list, its next
+        allocation."""
+        self._num_joins += 1
+        heapq.heappush(self.by_rank, (-r.rank, self._num_joins, r))
         self._track(r, step, step)
+
+    def last_rank(self) -> int:
+        """``SteadyDecodes.last_rank``."""
+        return -self._top("by_rank", self.num_members)
 
     def _track(self, r: Request, step: int, earliest: int) -> None:
         """After a member's allocation (or its join): its next one, from ``earliest``, and
@@ -361,6 +374,7 @@ class LazyDecode:
                                  index)
         self.others = []
         self.longest, self.shortest, self.events, self.leaving = [], [], {}, []
+        self.by_rank = []
         self._marks.clear()
 
 
@@ -669,15 +683,15 @@ class _Path:
     ``c0`` then; ``used`` of the acceptances are applied (the one in flight at the join as
     that step's own output)."""
 
-    __slots__ = ("join", "c0", "gains", "used")
+    __slots__ = ("req", "join", "c0", "gains", "used")
 
-    def __init__(self, join: int, c0: int, gains: list[int], used: int):
-        self.join, self.c0, self.gains, self.used = join, c0, gains, used
+    def __init__(self, req: Request, join: int, c0: int, gains: list[int], used: int):
+        self.req, self.join, self.c0, self.gains, self.used = req, join, c0, gains, used
 
 
 class SpecLazyDecode(LazyDecode):
-    """Lazy decode with speculative decoding (a set-up ``spec_applies`` accepts, alone on
-    its clock): a member is scheduled a verify chunk of 1 + k tokens every step, and its
+    """Lazy decode with speculative decoding (a set-up ``spec_applies`` accepts; a lone
+    engine or a router's replica): a member is scheduled a verify chunk of 1 + k tokens every step, and its
     outputs give it 1 + a tokens, ``a`` drawn ahead from its own stream when it joins
     (``Acceptance.peek``), so its whole steady path is known: its computed tokens and tokens
     at step j are c0 + E(j − join) and t0 + E(j − join) (``steady_gains``), its allocations
@@ -722,7 +736,7 @@ class SpecLazyDecode(LazyDecode):
         life = len(gains) - 1
         if life < 2:
             return None
-        self.paths[id(r)] = _Path(step, r.num_computed_tokens, gains,
+        self.paths[id(r)] = _Path(r, step, r.num_computed_tokens, gains,
                                   1 if self.is_async else 0)
         return step + life
 
@@ -730,17 +744,23 @@ class SpecLazyDecode(LazyDecode):
         r.lz_sched, r.lz_upd, r.lz_in = step, self.upd_next, step
         self.num_members += 1
         heapq.heappush(self.leaving, (leave, r.rank, r))
-        self._track(r, step, step)
+        self._joined(r, step)
+
+    def _lag(self, p: _Path) -> tuple[int, int, int]:
+        """A member's lag: its steps scheduled and outputs applied since it was last brought
+        up to date, and the tokens those outputs gained it."""
+        r = p.req
+        assert r.lz_sched is not None  # a member
+        u = self.upd_next - r.lz_upd
+        return self.sched_next - r.lz_sched, u, p.gains[p.used + u] - p.gains[p.used]
 
     def _materialize(self, r: Request) -> None:
-        assert r.lz_sched is not None  # a member
         p = self.paths[id(r)]
-        s = self.sched_next - r.lz_sched
-        u = self.upd_next - r.lz_upd
+        s, u, gained = self._lag(p)
+        assert r.lz_sched is not None  # a member
         k, n = self.k, self.chunk_len
         if u:
             self.accept.take(r, k, u)  # (its acceptances: the ones its path was drawn with)
-            gained = p.gains[p.used + u] - p.gains[p.used]
             p.used += u
             r.num_output_tokens += gained
             r.num_computed_tokens -= u * k - (gained - u)  # the rejected drafts
@@ -794,10 +814,17 @@ class SpecLazyDecode(LazyDecode):
         plan.lazy_shortest = min(contexts) + n
 
     def members_tokens_to_compute(self) -> int:
-        members = [r for r in self.sched.running if r.lz_sched is not None]
-        for r in members:
-            self._materialize(r)
-        return sum(max(0, r.num_tokens - r.num_computed_tokens) for r in members)
+        """Each member's tokens less its computed ones as ``_materialize`` would bring them
+        up to date (a router reads this between steps; bringing them up would draw their
+        acceptances and publish their blocks early)."""
+        k, n = self.k, self.chunk_len
+        total = 0
+        for p in self.paths.values():
+            s, u, gained = self._lag(p)
+            r = p.req
+            total += max(0, r.num_tokens + gained - (r.num_computed_tokens + s * n - u * k
+                                                     + gained - u))
+        return total
 
     def dissolve(self) -> None:
         super().dissolve()

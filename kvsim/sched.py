@@ -253,6 +253,10 @@ class SteadyDecodes(Protocol):
         """Σ max(0, num_tokens − num_computed_tokens) over the members, as they are now."""
         ...
 
+    def last_rank(self) -> int:
+        """The highest rank among the members (the last of them in the running list)."""
+        ...
+
     def marks(self) -> list[int]:
         """The keys the members' allocations would mark published this step, the due ones'
         aside (``KVManager.decode_marks``)."""
@@ -549,9 +553,9 @@ class Scheduler:
         """``schedule()`` for a step in which ``steady``'s members decode without chunks of
         their own (``num_lazy`` of the plan; their counters are the fast path's to move):
         the running requests in list order, then admissions, by the rules ``schedule()``
-        follows. None, with nothing changed, when that step could cut a running request
-        short (the token budget) or preempt (too few free blocks): ``schedule()`` must plan
-        it, every member brought up to date. Without a KV connector."""
+        follows. None, with nothing changed, when that step could cut a member or a request
+        before one short (the token budget) or preempt (too few free blocks): ``schedule()``
+        must plan it, every member brought up to date. Without a KV connector."""
         kv, p, slots = self.kv, self.params, self.draft_slots
         assert self.connector is None
         kv.new_step_starts()
@@ -560,15 +564,25 @@ class Scheduler:
         asks = [(r, 0) for r in steady.due()]  # 0: a member's tokens, no chunk
         kv.mark_published(steady.marks())
         member = steady.chunk_len
-        num_reqs = steady.num_members
-        num_tokens = num_reqs * member
+        num_tokens = steady.num_members * member
+        budget = [self.token_budget - num_tokens,
+                  p.max_num_batched_tokens - num_tokens - slots * steady.num_members]
+        # The running list in order: the members and the requests before the last of them
+        # whole (else None: one would be cut), those after it within what is left, as
+        # _schedule_running cuts them.
+        last = steady.last_rank()
         for r in steady.others:
-            n = self._running_chunk(r, threshold, None)
+            if r.rank < last:
+                n = self._running_chunk(r, threshold, None)
+            elif budget[0] <= 0 or budget[1] <= slots:
+                break
+            else:
+                n = self._running_chunk(r, threshold, budget)
             if n > 0:
                 asks.append((r, n))
-                num_tokens += n
-                num_reqs += 1
-        if num_tokens > self.token_budget or num_tokens + slots * num_reqs > p.max_num_batched_tokens:
+                budget[0] -= n
+                budget[1] -= n + slots
+        if budget[0] < 0 or budget[1] < 0:
             return None
         if sum(kv.num_blocks_to_grow(r, n or member, lookahead)
                for r, n in asks) > kv.pool.num_free_blocks:
@@ -585,7 +599,6 @@ class Scheduler:
             if n:
                 prefill_scheduled |= r.is_prefill_chunk
                 scheduled[r.req_id] = self._running_chunk_made(r, n)
-        budget = [self.token_budget - num_tokens, p.max_num_batched_tokens - num_tokens - slots * num_reqs]
         self._schedule_waiting(plan, scheduled, budget, threshold, prefill_scheduled, True)
         plan.scheduled = list(scheduled.values())
         self._update_after_schedule(plan.scheduled)

@@ -278,11 +278,13 @@ def test_lazy_replicas_give_the_bytes_of_step_by_step(router, case, windows):
     assert fast == outputs(sc, check_invariants=True)
 
 
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "eagle"])
 @pytest.mark.parametrize("async_scheduling", [True, False])
-def test_a_replicas_pending_tokens_count_its_lazy_members_as_they_are(async_scheduling,
+def test_a_replicas_pending_tokens_count_its_lazy_members_as_they_are(async_scheduling, spec,
                                                                       monkeypatch):
     """At every read, the replica's pending tokens are those its requests' counters give once
-    brought up to date (every member materialized: its lag applied)."""
+    brought up to date (every member materialized: its lag applied; with speculative
+    decoding, its path's acceptances)."""
     from kvsim.cluster import Replica
 
     real = Replica.pending_tokens
@@ -304,11 +306,30 @@ def test_a_replicas_pending_tokens_count_its_lazy_members_as_they_are(async_sche
         return got
 
     monkeypatch.setattr(Replica, "pending_tokens", checked)
-    raw = sc_raw(async_scheduling=async_scheduling, version="0.33.0" if async_scheduling else "0.22.1")
+    version = "0.33.0" if async_scheduling else "0.22.1"
+    raw = (spec_raw if spec else sc_raw)(async_scheduling=async_scheduling, version=version)
     raw["workload"].update(num_requests=90, generator="multi_turn", turns=3, think_time_s=0.05)
     raw["cluster"] = {"replicas": 3, "router": "prefix_aware"}
     outputs(parse_scenario(raw))
     assert reads["members"] > 50
+
+
+@pytest.mark.parametrize("router", ["prefix_aware", "least_loaded", "session_affinity"])
+@pytest.mark.parametrize("case", [dict(), dict(async_scheduling=False, version="0.22.1"),
+                                  dict(request_rate=float("inf"), output_tokens=200,
+                                       num_requests=60),
+                                  dict(engine={"kv_groups": MAMBA, "block_size": 32})],
+                         ids=["async", "sync", "preempting", "mamba"])
+def test_speculative_lazy_replicas_give_the_bytes_of_step_by_step(router, case, windows):
+    """Replicas keep speculative requests lazily too: every route, step and request as
+    step-by-step simulation gives them (pending tokens read from the members' paths)."""
+    raw = spec_raw(**case)
+    raw["workload"].update(generator="multi_turn", turns=3, think_time_s=0.05)
+    raw["cluster"] = {"replicas": 3, "router": router, "load_metric": "kv_usage"}
+    sc = parse_scenario(raw)
+    fast = outputs(sc)
+    assert windows["lazy"] > 0
+    assert fast == outputs(sc, check_invariants=True)
 
 
 def test_block_contents_are_equal_exactly_when_the_tokens_are():
