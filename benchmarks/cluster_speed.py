@@ -1,14 +1,15 @@
 """A prefix-aware cluster against one engine at the same per-replica load (not a test).
 
     KVSIM_TRACE_DIR=/work/shared/data PYTHONPATH=$PWD python benchmarks/cluster_speed.py \\
-        [--replicas 8 16] [--repeats 2]
+        [--replicas 8 16] [--repeats 2] [--eagle]
 
 The Mooncake FAST'25 conversation hour (12,031 requests) on Llama-3.1-8B / H100 with vLLM
 0.33.0's defaults: once on one engine at the trace's own rate, and on N prefix-aware replicas
 with the hour sped up N times, so that each replica is as loaded as the one engine. Each is
 the whole ``kvsim run`` process (modules byte-compiled, one untimed warm-up run first); it
 prints wall time, simulated requests per wall-clock second and steps, and each cluster's
-requests per wall second over the one engine's. Skips (exit 0) without the trace.
+requests per wall second over the one engine's; ``--eagle`` adds speculative decoding to
+both. Skips (exit 0) without the trace.
 """
 
 from __future__ import annotations
@@ -37,13 +38,24 @@ trace = "mooncake-conversation"
 speedup = {speedup}
 [run]
 seed = 0
-{cluster}"""
+{speculative}{cluster}"""
+
+# --eagle: EAGLE with 3 drafts, 2 of them accepted at every verify step.
+EAGLE = """\
+[speculative]
+method = "eagle"
+num_speculative_tokens = 3
+acceptance = "fixed"
+num_accepted = 2
+"""
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--repeats", type=int, default=2, help="runs per setting (median)")
+    ap.add_argument("--eagle", action="store_true",
+                    help="with EAGLE, 3 drafts of which 2 are accepted per verify step")
     args = ap.parse_args()
 
     from kvsim.errors import ConfigError
@@ -60,7 +72,8 @@ def main() -> int:
     for n in [1, *args.replicas]:
         cluster = "" if n == 1 else f'[cluster]\nreplicas = {n}\nrouter = "prefix_aware"\n'
         path = work / f"c{n}.toml"
-        path.write_text(SCENARIO.format(speedup=float(n), cluster=cluster))
+        path.write_text(SCENARIO.format(speedup=float(n), cluster=cluster,
+                                        speculative=EAGLE if args.eagle else ""))
         cmd = [*kvsim_command(), "run", str(path), "--out", str(work / f"o{n}"), "-q", "--force"]
         if not rows:
             timed(cmd, env)  # warm-up
