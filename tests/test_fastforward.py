@@ -405,8 +405,9 @@ def lazy_cases(draw):
 
 def _run_and_pool(sc, specs, check_invariants):
     """A run's results and records, and its pool at the end: the free queue's order and each
-    published hash's block, the hash as the contents it chains (decode windows intern ids in
-    another order than step by step)."""
+    published hash's block, the hash as the contents it chains (decode windows and lazy
+    members intern ids in another order than step by step); on a hybrid layout a key is its
+    group and the contents of its fine or coarse hash."""
     built = []
     real_build = engine.build_scheduler
 
@@ -417,10 +418,18 @@ def _run_and_pool(sc, specs, check_invariants):
     with mock.patch.object(engine, "build_scheduler", build):
         rec = engine.run(sc, specs, check_invariants=check_invariants)
     kv = built[0].kv
-    content = kv.hasher.contents(kv.pool.cached)
+    num_groups = len(getattr(kv, "groups", ())) or 1
+    coarse = {cid: span for span, cid in getattr(kv, "_coarse", {}).items()}
+    ids = {key // num_groups for key in kv.pool.cached}
+    fine = kv.hasher.contents([x for h in ids for x in coarse.get(h, (h,))])
+
+    def content(key):
+        h = key // num_groups
+        return key % num_groups, (tuple(fine[x] for x in coarse[h]) if h in coarse else fine[h])
+
     return (metrics.requests_csv(rec), metrics.steps_csv(rec), rec.stopped_by,
             list(kv.pool.free_queue),
-            {content[h]: sorted(b) if isinstance(b, dict) else b.block_id
+            {content(h): sorted(b) if isinstance(b, dict) else b.block_id
              for h, b in kv.pool.cached.items()})
 
 
@@ -504,11 +513,16 @@ def spec_cases(draw):
         spec.update(acceptance="per_position",
                     acceptance_rates=draw(st.lists(st.sampled_from([0.0, 0.5, 0.9, 1.0]),
                                                    min_size=1, max_size=1)))
-    if draw(st.booleans()):  # a lockstep batch: one length, arriving together
-        body = specs[0].prompt if specs else ExplicitTokens((1, 2, 3))
-        out = draw(st.integers(40, 160))
-        specs = [RequestSpec(f"l{i}", 0.0, body, out, 0) for i in range(draw(st.integers(2, 24)))]
-    return engine_keys, spec, specs
+    return engine_keys, spec, _maybe_lockstep(draw, specs)
+
+
+def _maybe_lockstep(draw, specs):
+    """``specs``, or a lockstep batch instead: one length, arriving together."""
+    if not draw(st.booleans()):
+        return specs
+    body = specs[0].prompt if specs else ExplicitTokens((1, 2, 3))
+    out = draw(st.integers(40, 160))
+    return [RequestSpec(f"l{i}", 0.0, body, out, 0) for i in range(draw(st.integers(2, 24)))]
 
 
 @settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -525,34 +539,6 @@ def test_speculative_lazy_decode_gives_the_bytes_of_step_by_step_on_random_engin
 
 
 # -- hybrid layouts: full attention with sliding windows, Mamba groups -----------------------
-
-
-def _hybrid_run(sc, specs, check_invariants):
-    """``_run_and_pool`` for a multi-group layout: a key is its group and the contents its
-    hash stands for (fine or coarse; ids are interned in another order when lazy)."""
-    built = []
-    real_build = engine.build_scheduler
-
-    def build(sc):
-        built.append(real_build(sc))
-        return built[-1]
-
-    with mock.patch.object(engine, "build_scheduler", build):
-        rec = engine.run(sc, specs, check_invariants=check_invariants)
-    kv = built[0].kv
-    num_groups = len(kv.groups)
-    coarse = {cid: span for span, cid in kv._coarse.items()}
-    ids = {key // num_groups for key in kv.pool.cached}
-    fine = kv.hasher.contents([x for h in ids for x in coarse.get(h, (h,))])
-
-    def content(key):
-        h = key // num_groups
-        return key % num_groups, (tuple(fine[x] for x in coarse[h]) if h in coarse else fine[h])
-
-    return (metrics.requests_csv(rec), metrics.steps_csv(rec), rec.stopped_by,
-            list(kv.pool.free_queue),
-            {content(h): sorted(b) if isinstance(b, dict) else b.block_id
-             for h, b in kv.pool.cached.items()})
 
 
 @st.composite
@@ -582,10 +568,7 @@ def hybrid_cases(draw):
         spec = {"method": draw(st.sampled_from(["eagle", "eagle3", "ngram"])),
                 "num_speculative_tokens": k, "acceptance": "per_position",
                 "acceptance_rates": [draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))]}
-        if draw(st.booleans()):  # a lockstep batch: one length, arriving together
-            body = specs[0].prompt if specs else ExplicitTokens((1, 2, 3))
-            out = draw(st.integers(40, 160))
-            specs = [RequestSpec(f"l{i}", 0.0, body, out, 0) for i in range(draw(st.integers(2, 24)))]
+        specs = _maybe_lockstep(draw, specs)
     return engine_keys, spec, specs
 
 
@@ -600,7 +583,7 @@ def test_lazy_decode_on_hybrid_layouts_gives_the_bytes_of_step_by_step(case):
         sc = parse_scenario(raw)
     except ConfigError:
         return  # a release that refuses the mix (vLLM's own checks)
-    assert _hybrid_run(sc, specs, False) == _hybrid_run(sc, specs, True)
+    assert _run_and_pool(sc, specs, False) == _run_and_pool(sc, specs, True)
 
 
 HYBRID_CASES = [
