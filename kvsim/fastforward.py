@@ -133,8 +133,8 @@ class LazyDecode:
         sampled token (perhaps its first, applied as the chunk it is)."""
         if r.num_draft_tokens or r.num_stale_output_tokens or r.status is not Status.RUNNING:
             return None
-        if self.kv.enable_caching and not self.kv.prompt_published(r):
-            return None  # its output publishes a prompt block another request may share
+        if not self._publications_can_wait(r):
+            return None
         tokens = r.num_prompt_tokens + r.num_output_tokens
         if self.is_async:
             c = pending.get(id(r))
@@ -151,6 +151,17 @@ class LazyDecode:
         left = self.sched.outputs_left(r) - (1 if self.is_async else 0)
         leave = step + left - (0 if self.is_async else 1)
         return leave if leave > step else None
+
+    def _publications_can_wait(self, r: Request) -> bool:
+        """Whether what a member's outputs publish may wait for its next allocation (which
+        publishes as far before any lookup reads the hash map): no output publishes past
+        it, and every block still to publish holds an output token (no other request can
+        share it)."""
+        kv = self.kv
+        if not kv.enable_caching:
+            return True
+        after = self.sched.published_after_output(r, self.is_async)
+        return (after is None or after <= r.num_tokens) and kv.prompt_published(r)
 
     def members_tokens_to_compute(self) -> int:
         """``SteadyDecodes.members_tokens_to_compute``: every member lags alike (they joined
@@ -709,20 +720,15 @@ class SpecLazyDecode(LazyDecode):
         self.paths: dict[int, _Path] = {}
 
     def _last_step(self, r: Request, step: int, pending) -> int | None:
-        sched, k, n, kv = self.sched, self.k, self.chunk_len, self.kv
+        sched, k, n = self.sched, self.k, self.chunk_len
         if not _decodes_steadily(sched, r, n):
             return None
         if self.is_async:  # the chunk in flight: a whole verify step of its own
             c = pending.get(id(r))
             if c is None or not c.samples or c.num_new_tokens != n or c.num_spec_tokens != k or c.padded:
                 return None
-        tokens = r.num_tokens
-        if kv.enable_caching:
-            after = sched.published_after_output(r, self.is_async)
-            if after is not None and after > tokens:
-                return None  # an output would publish past what the next allocation does
-            if not kv.prompt_published(r):
-                return None  # a prompt block still to publish: another request may share it
+        if not self._publications_can_wait(r):
+            return None
         cap = sched.outputs_left(r) - 1
         if cap < 2:
             return None
@@ -746,21 +752,15 @@ class SpecLazyDecode(LazyDecode):
         heapq.heappush(self.leaving, (leave, r.rank, r))
         self._joined(r, step)
 
-    def _lag(self, p: _Path) -> tuple[int, int, int]:
-        """A member's lag: its steps scheduled and outputs applied since it was last brought
-        up to date, and the tokens those outputs gained it."""
-        r = p.req
-        assert r.lz_sched is not None  # a member
-        u = self.upd_next - r.lz_upd
-        return self.sched_next - r.lz_sched, u, p.gains[p.used + u] - p.gains[p.used]
-
     def _materialize(self, r: Request) -> None:
-        p = self.paths[id(r)]
-        s, u, gained = self._lag(p)
         assert r.lz_sched is not None  # a member
+        p = self.paths[id(r)]
+        s = self.sched_next - r.lz_sched
+        u = self.upd_next - r.lz_upd
         k, n = self.k, self.chunk_len
         if u:
             self.accept.take(r, k, u)  # (its acceptances: the ones its path was drawn with)
+            gained = p.gains[p.used + u] - p.gains[p.used]
             p.used += u
             r.num_output_tokens += gained
             r.num_computed_tokens -= u * k - (gained - u)  # the rejected drafts
@@ -815,16 +815,14 @@ class SpecLazyDecode(LazyDecode):
 
     def members_tokens_to_compute(self) -> int:
         """Each member's tokens less its computed ones as ``_materialize`` would bring them
-        up to date (a router reads this between steps; bringing them up would draw their
-        acceptances and publish their blocks early)."""
-        k, n = self.k, self.chunk_len
-        total = 0
-        for p in self.paths.values():
-            s, u, gained = self._lag(p)
-            r = p.req
-            total += max(0, r.num_tokens + gained - (r.num_computed_tokens + s * n - u * k
-                                                     + gained - u))
-        return total
+        up to date, without doing it (a router reads this between steps; bringing them up
+        would draw their acceptances and publish their blocks early): a step scheduled adds
+        n computed tokens, an output 1 + a tokens and 1 + a computed ones back of the n (its
+        rejected drafts), so the gap moves by n per step whose output is still to come."""
+        n = self.chunk_len
+        return sum(max(0, r.num_tokens - r.num_computed_tokens
+                       - n * ((self.sched_next - r.lz_sched) - (self.upd_next - r.lz_upd)))
+                   for r in (p.req for p in self.paths.values()) if r.lz_sched is not None)
 
     def dissolve(self) -> None:
         super().dissolve()

@@ -277,9 +277,9 @@ class HybridKVCacheManager:
         assert self.hasher.lookahead == other.hasher.lookahead
         self.hasher, self._coarse = other.hasher, other._coarse
 
-    def _group_keys(self, req: Request, g: _Group) -> list[int]:
-        """The request's block keys for group ``g`` (group id folded in), extended lazily."""
-        fine = self.hasher.block_hashes(req, 1 << 62)
+    def _group_keys(self, req: Request, g: _Group, fine: list[int]) -> list[int]:
+        """The request's block keys for group ``g`` (group id folded in), extended lazily
+        from ``fine``, its fine hashes (``hasher.block_hashes``, made once by the caller)."""
         keys = req.group_keys.setdefault(g.gid, [])
         s = g.block_size // self.hash_block_size
         num_groups = len(self.groups)
@@ -383,7 +383,8 @@ class HybridKVCacheManager:
         req.shared_prefix_boundary = 0
         if not self.attention_groups:
             return {}, 0
-        keys = {g.gid: self._group_keys(req, g) for g in self.groups}
+        fine = self.hasher.block_hashes(req, 1 << 62)
+        keys = {g.gid: self._group_keys(req, g, fine) for g in self.groups}
         max_hit = req.num_tokens - 1
         lookup = self.rules.lookup
         # How far an EAGLE group may look past the candidate before dropping a block.
@@ -660,13 +661,7 @@ class HybridKVCacheManager:
         # a longer one now (a prefill's last chunk) only makes this early.
         processed = c - min(req.num_in_flight_tokens, n)
         cached = min(c + n, t)  # what cache_blocks publishes up to
-        slack = None
-
-        def at(x: int) -> None:
-            nonlocal slack
-            x = max(x, 0)
-            slack = x if slack is None or x < slack else slack
-
+        at: list[int] = []  # where some rule acts (tokens from now; <= 0: now)
         for g in self.groups:
             table = g.tables.get(rid)
             if table is None:
@@ -688,25 +683,25 @@ class HybridKVCacheManager:
                     first = max(0, min(skipped // b, size) - 1)
                 j = next((i for i in range(first, size) if table[i] is not null), None)
                 if j is not None:
-                    at((j + 1) * b - skipped)
+                    at.append((j + 1) * b - skipped)
             if align:
                 idx = g.last_state_idx.get(rid)
                 if idx is not None and idx < size and table[idx] is not null:
-                    at((idx + 1) * b + 1 - max(0, computed))
-                at((size - nsb) * b + 1 - (c + n))  # the running state's next block
+                    at.append((idx + 1) * b + 1 - max(0, computed))
+                at.append((size - nsb) * b + 1 - (c + n))  # the running state's next block
             else:
                 extra = b * nsb if mamba else 0
                 if size * b - extra < mml:
-                    at(size * b - extra + 1 - (c + n + num_lookahead_tokens))
+                    at.append(size * b - extra + 1 - (c + n + num_lookahead_tokens))
             if not self.enable_caching:
                 continue
             # Publications: the next block to publish, a prompt-tail entry not made yet.
-            at(self._cacheable_reach(g, cached, (g.num_cached.get(rid, 0) + 1) * b))
+            at.append(self._cacheable_reach(g, cached, (g.num_cached.get(rid, 0) + 1) * b))
             if kind == "full_attention" and self.rules.partial_tail_hashes \
                     and b != self.hash_block_size:
                 tail = self._partial_tail(req, g, 1 << 62)
                 if tail is not None and not self.pool.has_entry(tail[0], tail[1]):
-                    at(self._cacheable_reach(g, cached, tail[2]))
+                    at.append(self._cacheable_reach(g, cached, tail[2]))
             if align and self.rules.mamba_tail_rekey != "never":
                 # The prompt's checkpoint, re-keyed at every call while the cacheable tokens
                 # stay there (``decode_marks``): when they reach it, and pass it.
@@ -714,8 +709,8 @@ class HybridKVCacheManager:
                                                    self.eagle_drop, self.hash_lookahead)
                 now = self._cacheable_tokens(g, cached)
                 if now <= latest:
-                    at(self._cacheable_reach(g, cached, latest + (now == latest)))
-        return slack
+                    at.append(self._cacheable_reach(g, cached, latest + (now == latest)))
+        return max(0, min(at)) if at else None
 
     def _cacheable_reach(self, g: _Group, num_tokens: int, target: int) -> int:
         """The fewest tokens past ``num_tokens`` at which ``_cacheable_tokens`` reaches
@@ -844,13 +839,13 @@ class HybridKVCacheManager:
     def cache_blocks(self, req: Request, num_computed: int) -> None:
         if not self.enable_caching:
             return
-        self.hasher.block_hashes(req, 1 << 62)  # (the prompt tail and Mamba re-keys read them)
+        fine = self.hasher.block_hashes(req, 1 << 62)  # (the prompt tail and re-keys read them)
         for g in self.groups:
             num_cached = g.num_cached.get(req.req_id, 0)
             cacheable = self._cacheable_tokens(g, num_computed)
             num_full = cacheable // g.block_size
             if num_cached < num_full:  # (else the group's keys needn't be made yet)
-                keys = self._group_keys(req, g)
+                keys = self._group_keys(req, g, fine)
                 num_full = min(num_full, len(keys))
                 if num_cached < num_full:
                     self._cache_full(req, g, keys, num_cached, num_full)
