@@ -433,3 +433,67 @@ def test_window_keeps_the_multi_module_mtp_tail():
     assert groups[1].max_blocks_per_request(4096, 64, extra_retained_tokens=1) == 7  # 96 tokens
     assert groups[1].max_blocks_per_request(4096, 64) == 7  # 95 tokens
     assert groups[1].max_blocks_per_request(4096, 65, extra_retained_tokens=1) == 8  # 97 tokens
+
+
+def _first_change(kv, req, n: int, lookahead: int = 0) -> int:
+    """Step ``req`` forward one decode token at a time (computed tokens and tokens alike)
+    through ``allocate_slots``; the tokens gained before a call first changes a table, a
+    published count or the free queue."""
+    def state():
+        tables = getattr(kv, "groups", None)
+        if tables is None:
+            return ([b.block_id for b in kv.req_to_blocks[req.req_id]],
+                    kv.num_cached_block.get(req.req_id), kv.pool.num_free_blocks)
+        return ([[b.block_id for b in g.tables[req.req_id]] for g in tables],
+                [g.num_cached.get(req.req_id) for g in tables], kv.pool.num_free_blocks)
+
+    for x in range(200):
+        before = state()
+        assert kv.allocate_slots(req, n, num_lookahead_tokens=lookahead) is not None
+        if state() != before:
+            return x
+        req.num_computed_tokens += 1
+        req.num_output_tokens += 1
+    raise AssertionError("no change in 200 tokens")
+
+
+@pytest.mark.parametrize("lookahead, want", [(0, 7), (3, 5)])
+def test_decode_slack_of_one_full_attention_group(lookahead, want):
+    # Block 16, a 40-token prompt prefilled (3 blocks, 48 slots; 2 full blocks published),
+    # one output: 40 computed, 41 tokens. Block 2 (tokens 32-47) is published once 48 tokens
+    # are in: 7 more. The chunk at c computed needs c + 1 + lookahead slots: past 48 at
+    # c = 48 (8 more) or, with 3 lookahead slots, at c = 45 (5 more).
+    from tests.builders import make_manager, make_request
+    kv = make_manager(100, 16)
+    req = make_request("a", range(40), max_tokens=100)
+    kv.allocate_slots(req, 40)
+    req.num_computed_tokens, req.num_output_tokens = 40, 1
+    assert kv.decode_slack(req, 1, lookahead) == want
+    assert _first_change(kv, req, 1, lookahead) == want  # step by step: the first call that acts
+
+
+def test_decode_slack_of_a_sliding_window_layout():
+    # Full attention and a 40-token window, both block 16 (U = 16), 0.32+ rules, no EAGLE.
+    # A 64-token prompt prefilled: 4 blocks in each group, all 4 published. At 64 computed
+    # (one output, 65 tokens) the window skips 64 - 40 + 1 = 25 tokens: block 0 is wholly
+    # below them and the next call frees it (slack 0). That call also takes block 4 (65
+    # slots). At 65 computed / 66 tokens: the window frees block 1 once 32 tokens are
+    # skipped (c = 71: 6 more); 80 slots last until c = 80 (15 more); block 4 is published
+    # at 80 tokens (14 more): 6.
+    from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
+    from kvsim.kv.pool import BlockPool
+    from tests.builders import make_request
+    groups = [GroupSpec("full_attention", 16), GroupSpec("sliding_window", 16, sliding_window=40)]
+    kv = HybridKVCacheManager(BlockPool(100, True, True), groups, 4096, True)
+    req = make_request("a", range(64), max_tokens=100)
+    kv.allocate_slots(req, 64)
+    assert [g.num_cached[req.req_id] for g in kv.groups] == [4, 4]
+    req.num_computed_tokens, req.num_output_tokens = 64, 1
+    assert kv.decode_slack(req, 1) == 0
+    kv.allocate_slots(req, 1)
+    assert [len(g.tables[req.req_id]) for g in kv.groups] == [5, 5]
+    assert kv.groups[1].tables[req.req_id][0] is kv.pool.null_block
+    req.num_computed_tokens, req.num_output_tokens = 65, 2
+    assert kv.decode_slack(req, 1) == 6
+    assert _first_change(kv, req, 1) == 6  # step by step: block 1 leaves the window then
+    assert kv.groups[1].tables[req.req_id][1] is kv.pool.null_block
