@@ -1,7 +1,7 @@
 """A prefix-aware cluster against one engine at the same per-replica load (not a test).
 
     KVSIM_TRACE_DIR=/work/shared/data PYTHONPATH=$PWD python benchmarks/cluster_speed.py \\
-        [--replicas 8 16] [--repeats 2] [--eagle]
+        [--replicas 8 16] [--repeats 2] [--eagle] [--workers N]
 
 The Mooncake FAST'25 conversation hour (12,031 requests) on Llama-3.1-8B / H100 with vLLM
 0.33.0's defaults: once on one engine at the trace's own rate, and on N prefix-aware replicas
@@ -9,7 +9,9 @@ with the hour sped up N times, so that each replica is as loaded as the one engi
 the whole ``kvsim run`` process (modules byte-compiled, one untimed warm-up run first); it
 prints wall time, simulated requests per wall-clock second and steps, and each cluster's
 requests per wall second over the one engine's; ``--eagle`` adds speculative decoding to
-both. Skips (exit 0) without the trace.
+both. A cluster runs as ``kvsim run`` runs it: its replicas on the usable cores
+(``--workers N``: on N processes; 1: on one, as before ``kvsim.parallel``). Skips (exit 0)
+without the trace.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--repeats", type=int, default=2, help="runs per setting (median)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="kvsim run --workers for the clusters (default: kvsim's, the usable cores)")
     ap.add_argument("--eagle", action="store_true",
                     help="with EAGLE, 3 drafts of which 2 are accepted per verify step")
     args = ap.parse_args()
@@ -75,6 +79,8 @@ def main() -> int:
         path.write_text(SCENARIO.format(speedup=float(n), cluster=cluster,
                                         speculative=EAGLE if args.eagle else ""))
         cmd = [*kvsim_command(), "run", str(path), "--out", str(work / f"o{n}"), "-q", "--force"]
+        if n > 1 and args.workers is not None:
+            cmd += ["--workers", str(args.workers)]
         if not rows:
             timed(cmd, env)  # warm-up
         got = repeated(cmd, env, args.repeats)

@@ -60,6 +60,12 @@ def _few_collections():
         gc.unfreeze()
 
 
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def cmd_run(args) -> int:
     with _few_collections():
         return _run(args)
@@ -72,12 +78,15 @@ def _run(args) -> int:
     from kvsim.workload import build_requests, iter_requests
 
     path = Path(args.scenario)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError("--workers", f"must be at least 1, got {args.workers}")
     sc = load_scenario(path)
     out = Path(args.out) if args.out else _default_out(path.stem)
     progress = None if args.quiet else RunProgress()
     if sc.multi_engine:  # held in memory: its files group steps by replica and rank
         try:
-            rec = engine.run(sc, build_requests(sc), progress=progress)
+            rec = engine.run(sc, build_requests(sc), progress=progress,
+                             workers=args.workers or _usable_cores())
         finally:
             if progress:
                 progress.close()
@@ -449,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "into <out>/plots")
     run.add_argument("--force", action="store_true", help="replace an earlier result at --out")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    run.add_argument("--workers", type=int, help="processes a cluster's replicas run on "
+                     "(default: the usable cores, at most one a replica; the results are the "
+                     "same with any number)")
     run.set_defaults(func=cmd_run)
     cmp = sub.add_parser("compare", help="run a scenario's variants side by side")
     cmp.add_argument("scenario", help="scenario TOML file")

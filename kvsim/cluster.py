@@ -43,11 +43,13 @@ prefix). A scenario without ``[cluster]`` but with data parallel runs here as on
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
 import simpy
 
-from kvsim import dp
+from kvsim import dp, parallel
 from kvsim.assemble import cost_inputs
 from kvsim.cost.comm import ExpertExchange
 from kvsim.engine import Records, build_scheduler, simulate
@@ -56,6 +58,35 @@ from kvsim.request import KVTransferParams, Request, RequestSpec
 from kvsim.sched import Scheduler
 from kvsim.schema import ClusterCfg, Scenario
 from kvsim.specdec import Acceptance
+
+
+class RoutedReplica(Protocol):
+    """What a router reads of a replica and how it sends one a request (``Replica``, a
+    ``DPGroup``, or a replica simulated in another process, ``kvsim.parallel``)."""
+
+    index: int
+
+    def receive(self, req: Request) -> None: ...
+
+    def num_requests(self) -> int: ...
+
+    def pending_tokens(self) -> int: ...
+
+    def kv_usage(self) -> float: ...
+
+    def cached_tokens(self, req: Request) -> int: ...
+
+
+class Dispatcher(Protocol):
+    """What a replica's arrivals (``RoutedArrivals``) ask of whoever routes requests."""
+
+    def route_until(self, now: float) -> None: ...
+
+    def next_arrival_s(self) -> float | None: ...
+
+    def until_next(self, env: simpy.Environment, replica: Replica) -> simpy.Event | None: ...
+
+    def finished(self, replica: Replica, reqs: list[Request], now: float) -> None: ...
 
 
 class Replica:
@@ -148,7 +179,7 @@ class Router:
     Ties go to the less loaded replica, then to the lower index (see each policy).
     """
 
-    def __init__(self, cfg: ClusterCfg, replicas: list[Replica | DPGroup], requests: list[Request],
+    def __init__(self, cfg: ClusterCfg, replicas: Sequence[RoutedReplica], requests: list[Request],
                  seed: int):
         self.cfg = cfg
         self.replicas = replicas
@@ -156,7 +187,7 @@ class Router:
         self._next = 0
         self._count = 0  # round_robin
         self._rng = random.Random(seed)  # random
-        self._sessions: dict[str, Replica | DPGroup] = {}  # session_affinity
+        self._sessions: dict[str, RoutedReplica] = {}  # session_affinity
         self.choose = getattr(self, "_" + cfg.router)
 
     def next_arrival_s(self) -> float | None:
@@ -183,36 +214,36 @@ class Router:
 
     # -- policies: each returns a replica ------------------------------------------------
 
-    def _round_robin(self, req: Request) -> Replica | DPGroup:
+    def _round_robin(self, req: Request) -> RoutedReplica:
         i = self._count % len(self.replicas)
         self._count += 1
         return self.replicas[i]
 
-    def _random(self, req: Request) -> Replica | DPGroup:
+    def _random(self, req: Request) -> RoutedReplica:
         return self.replicas[self._rng.randrange(len(self.replicas))]
 
-    def _load(self, rep: Replica | DPGroup) -> tuple:
+    def _load(self, rep: RoutedReplica) -> tuple:
         if self.cfg.load_metric == "kv_usage":
             return rep.kv_usage(), rep.num_requests()
         return (rep.num_requests(),)
 
-    def _least_loaded(self, req: Request) -> Replica | DPGroup:
+    def _least_loaded(self, req: Request) -> RoutedReplica:
         """The lowest load (``load_metric``; KV usage ties go by requests), then lowest index."""
         return min(self.replicas, key=lambda rep: (self._load(rep), rep.index))
 
-    def _prefix_aware(self, req: Request) -> Replica | DPGroup:
+    def _prefix_aware(self, req: Request) -> RoutedReplica:
         """Highest ``(1 - w) * cached - w * pending`` (``w = load_weight``; cached: the prefix
         this replica's cache would give the request now; pending: tokens still to compute for
         its outstanding requests), then fewer pending tokens, fewer requests, lowest index."""
         w = self.cfg.load_weight
 
-        def key(rep: Replica | DPGroup):
+        def key(rep: RoutedReplica):
             pending = rep.pending_tokens()
             cached = rep.cached_tokens(req)
             return (-((1 - w) * cached - w * pending), pending, rep.num_requests(), rep.index)
         return min(self.replicas, key=key)
 
-    def _session_affinity(self, req: Request) -> Replica | DPGroup:
+    def _session_affinity(self, req: Request) -> RoutedReplica:
         """A session's first request goes where least_loaded would send it, its later ones to
         the same replica; a request without a session id goes by least_loaded."""
         sid = req.session_id
@@ -302,7 +333,7 @@ class RoutedArrivals:
 
     __slots__ = ("router", "replica")
 
-    def __init__(self, router: Router, replica: Replica):
+    def __init__(self, router: Dispatcher, replica: Replica):
         self.router = router
         self.replica = replica
 
@@ -326,10 +357,23 @@ class RoutedArrivals:
 
 
 def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None,
-                check_invariants: bool = False, progress=None) -> Records:
+                check_invariants: bool = False, progress=None, workers: int = 1) -> Records:
     """Simulate ``requests`` (in arrival order) on the scenario's cluster, or on its one engine's
     data-parallel ranks; the records hold every request (with its ``replica`` and
-    ``dp_rank``), every engine's steps, and each engine's own records in ``replicas``."""
+    ``dp_rank``), every engine's steps, and each engine's own records in ``replicas``.
+
+    ``workers`` > 1: the replicas run on that many processes (at most one a replica), with the
+    same records (``kvsim.parallel``), where only the router joins them (no data-parallel
+    ranks, no P/D pair, no offload tier: its transfers wake a replica between its routing
+    calls) and invariants are not checked."""
+    if (workers > 1 and sc.cluster is not None and not sc.cluster.disaggregated
+            and len(sc.engines) > 1 and not check_invariants and parallel.can_fork()
+            and all(e.data_parallel_size == 1 and e.offload is None for e in sc.engines)):
+        if progress is not None:
+            progress = _ClusterProgress(progress, requests).every
+        recs = parallel.run(sc, requests, accept, min(workers, len(sc.engines)), progress)
+        final = {r.seq: r for rec in recs for r in rec.requests}
+        return _cluster_records([final.get(r.seq, r) for r in requests], recs, accept)
     scenarios = [sc.replica(i) for i in range(len(sc.engines))]
     engines: list[Replica] = []  # every engine: each replica's ranks in rank order
     replicas: list[Replica | DPGroup] = []  # what the router routes to
@@ -378,6 +422,12 @@ def run_cluster(sc: Scenario, requests: list[Request], accept: Acceptance | None
         return out
     simulate([(scenarios[e.index], e.sched, RoutedArrivals(router, e), rec) for e, rec in zip(engines, recs)],
              accept, check_invariants, progress, links=links, transfers=transfers)
+    return _cluster_records(requests, recs, accept)
+
+
+def _cluster_records(requests: list[Request], recs: list[Records],
+                     accept: Acceptance | None) -> Records:
+    """A cluster's records from its engines' (in engine order)."""
     return Records(
         requests=requests, steps=[s for r in recs for s in r.steps],
         end_s=max(r.end_s for r in recs),
@@ -416,6 +466,12 @@ class _ClusterProgress:
     def __init__(self, progress, requests: list[Request]):
         self.progress, self.requests = progress, requests
         self.steps = 0
+
+    def every(self, steps: int, sim_s: float, finished: int, total: int) -> None:
+        """From ``kvsim.parallel``: the steps and finished requests so far."""
+        if steps // 256 > self.steps // 256:
+            self.progress(steps, sim_s, finished, total)
+        self.steps = steps
 
     def __call__(self, step: int, sim_s: float, finished: int, total: int) -> None:
         self.steps += 1

@@ -165,14 +165,15 @@ class Arrivals:
 
 def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = False,
         progress: Callable[[int, float, int, int], None] | None = None,
-        accept: Acceptance | None = None, results=None) -> Records:
+        accept: Acceptance | None = None, results=None, workers: int = 1) -> Records:
     """Simulate ``specs`` (sorted by arrival) on the scenario's engine, or on its cluster of
     replicas behind a router (``[cluster]``); returns the records.
 
     ``accept`` replaces the scenario's acceptance model (e.g. one that records its draws).
     With ``results`` (a ``metrics.Results``; not for a cluster) every step record and every
     request, once final, goes there instead of into the records, and requests are made from
-    ``specs`` only as they arrive: memory stays flat however long the run.
+    ``specs`` only as they arrive: memory stays flat however long the run. ``workers``: a
+    cluster's replicas on that many processes, the records the same (``kvsim.parallel``).
     """
     if accept is None and sc.speculative.enabled:
         accept = acceptance_for(sc)
@@ -182,7 +183,7 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
         if results is not None:
             raise ValueError("a cluster run is not streamed (its result files group by replica)")
         return run_cluster(sc, [Request(s, i) for i, s in enumerate(specs)], accept,
-                           check_invariants, progress)
+                           check_invariants, progress, workers)
     rec = Records(requests=[])
     arrivals = Arrivals(specs, rec.requests if results is None else None)
     simulate([(sc, build_scheduler(sc), arrivals, rec)], accept, check_invariants, progress,
@@ -193,7 +194,7 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
 def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records]],
              accept: Acceptance | None,
              check_invariants: bool = False, progress=None, results=None, links=None,
-             transfers=None) -> None:
+             transfers=None, drive: Callable[[simpy.Environment], None] | None = None) -> None:
     """Run one engine loop per ``(scenario, scheduler, arrivals, records)`` on one clock until
     none has anything left to do; each fills its records (a lone engine: or ``results``).
     ``links(env, costs)``, if given, makes the engines data-parallel ranks: it returns each
@@ -203,7 +204,8 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
     times its connector itself (an offload tier: ``Transfers``). An engine left waiting on
     another that can no longer run (a P/D prefill instance holding blocks for a decode
     instance that stopped) ends, when the clock runs out of events, as stopped by that
-    instance's run limit, or by "stall" if it deadlocked.
+    instance's run limit, or by "stall" if it deadlocked. ``drive(env)``, if given, runs the
+    clock instead of ``env.run()`` (a worker process of ``kvsim.parallel`` runs it in pieces).
 
     An engine keeps its steadily decoding requests lazily (``kvsim.fastforward``; not a
     data-parallel rank, and with speculative decoding only alone); what a router reads of a
@@ -226,7 +228,10 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
         loops.append((env.process(_engine_loop(
             env, sc, sched, cost, tally, rec, arrivals, check_invariants, progress,
             results if alone else None, alone, link, xfer)), rec, xfer))
-    env.run()
+    if drive is None:
+        env.run()
+    else:
+        drive(env)
     # An engine still waiting for an event nothing will trigger: another one it depends on
     # stopped, at a run limit (that limit stops it too) or in a deadlock.
     cause = next((r.stopped_by for _, r, _ in loops if r.stopped_by not in (None, "stall")),

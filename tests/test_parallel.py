@@ -1,0 +1,86 @@
+"""A cluster's replicas on several processes (``kvsim.parallel``): every result file the same,
+byte for byte, as on one process, for every routing policy and feature mix; the clusters it
+does not take run on one process as before; ``--workers`` checked."""
+
+import pytest
+from test_cluster import PLAIN, variant
+
+from kvsim import engine, metrics
+from kvsim.cli import main
+from kvsim.config import parse_scenario
+from kvsim.workload import build_requests
+
+pytestmark = pytest.mark.skipif(not __import__("kvsim.parallel").parallel.can_fork(),
+                                reason="no fork start method here")
+
+
+def _files(raw, workers: int) -> dict[str, str]:
+    sc = parse_scenario(raw)
+    rec = engine.run(sc, build_requests(sc), workers=workers)
+    return metrics.result_files(sc, rec, metrics.summarize(sc, rec))
+
+
+# Each policy and what it reads (prefix hits, pending tokens, requests, KV usage, sessions),
+# on a tight pool (preemptions), with run limits, speculative decoding, hybrid and Mamba
+# layouts, an older release, priority scheduling and replicas of their own deployments.
+CLUSTERS = {
+    "prefix_aware": variant(cluster={"replicas": 4, "router": "prefix_aware"}),
+    "prefix_aware_arrivals_at_once": variant(
+        workload={"request_rate": float("inf")}, cluster={"replicas": 3, "router": "prefix_aware"}),
+    "least_loaded_kv_usage": variant(cluster={"replicas": 3, "router": "least_loaded",
+                                              "load_metric": "kv_usage"}),
+    "round_robin_time_limit": variant(run={"seed": 3, "max_sim_time_s": 1.0},
+                                      cluster={"replicas": 3, "router": "round_robin"}),
+    "random_step_limit": variant(run={"seed": 5, "max_steps": 40},
+                                 cluster={"replicas": 2, "router": "random"}),
+    "session_affinity": {**PLAIN["async_eagle_multi_turn"],
+                         "cluster": {"replicas": 3, "router": "session_affinity"}},
+    "ngram_agent_prefix_aware": {**PLAIN["ngram_agent"],
+                                 "cluster": {"replicas": 2, "router": "prefix_aware"}},
+    "hybrid_0.22_prefix_aware": {**PLAIN["hybrid_sliding_window_mtp_0.22"],
+                                 "cluster": {"replicas": 3, "router": "prefix_aware"}},
+    "mamba_prefix_aware": {**PLAIN["mamba_align"],
+                           "cluster": {"replicas": 2, "router": "prefix_aware"}},
+    "priority_rag": {**PLAIN["priority_rag"], "cluster": {"replicas": 3, "router": "least_loaded"}},
+    "deployments": variant(cluster={"router": "prefix_aware", "deployment": [
+        {"replicas": 2, "num_gpu_blocks": 300, "max_num_seqs": 8}, {"max_num_seqs": 4}]}),
+}
+
+
+@pytest.mark.parametrize("name", CLUSTERS)
+def test_parallel_replicas_write_the_same_files(name):
+    one = _files(CLUSTERS[name], 1)
+    assert _files(CLUSTERS[name], 2) == one
+    assert _files(CLUSTERS[name], 3) == one
+
+
+def test_parallel_run_is_not_trivially_one_process(monkeypatch):
+    """The comparison above compares something: with workers the parallel driver runs."""
+    from kvsim import parallel
+    calls = []
+    real = parallel.run
+    monkeypatch.setattr(parallel, "run", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    raw = CLUSTERS["prefix_aware"]
+    assert _files(raw, 2) == _files(raw, 1)
+    assert calls == [2]
+    dp = variant(engine={"data_parallel_size": 2}, cluster={"replicas": 2})
+    _files(dp, 2)  # (data-parallel ranks: one process)
+    assert calls == [2]
+
+
+def test_progress_reaches_the_end(tmp_path):
+    sc = parse_scenario(CLUSTERS["prefix_aware"])
+    seen = []
+    rec = engine.run(sc, build_requests(sc), progress=lambda *a: seen.append(a), workers=2)
+    assert len(rec.steps) >= 256 and seen
+    assert all(b[0] >= a[0] for a, b in zip(seen, seen[1:]))
+    assert seen[-1][3] == len(rec.requests)
+
+
+def test_workers_flag_is_checked(tmp_path, capsys):
+    p = tmp_path / "s.toml"
+    p.write_text('[model]\npreset = "llama-3.2-1b"\n')
+    assert main(["run", str(p), "--workers", "0", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--workers" in err and "at least 1" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
