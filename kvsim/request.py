@@ -101,15 +101,20 @@ class SegmentTokens:
         if first + (count - 1) * step + size <= (offsets[i + 1] if i < last else n):
             base = firsts[i] - offsets[i]  # every window within one run
             return range(base + first, base + first + count * step, step)
-        out = []
-        for start in range(first, first + count * step, step):
+        out: list = []
+        start, stop = first, first + count * step
+        while start < stop:
             while i < last and offsets[i + 1] <= start:
                 i += 1
             seg_end = offsets[i + 1] if i < last else n
-            if start + size <= seg_end:
-                out.append(firsts[i] - offsets[i] + start)
+            if start + size <= seg_end:  # this window and the next ones inside the run
+                m = min((seg_end - size - start) // step + 1, (stop - start) // step)
+                base = firsts[i] - offsets[i]
+                out.extend(range(base + start, base + start + m * step, step))
+                start += m * step
             else:
                 out.append(block_content(self.window(start, start + size)))
+                start += step
         return out
 
 

@@ -125,3 +125,18 @@ def test_a_prompt_of_one_run_costs_one_key():
     assert hasher.block_hashes(same, 4) == [0, 1, 2, 3]
     branch = _request(SegmentTokens([(0, 40), (7, 24)]), 2, 0)
     assert hasher.block_hashes(branch, 4) == [0, 1, 6250, 6251]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3).map(lambda a: a * 1000), st.integers(1, 40)),
+                min_size=1, max_size=5), st.data())
+def test_segment_block_contents_are_each_windows_canonical_form(segs, data):
+    """``SegmentTokens.block_contents`` (runs of windows taken whole) against each window's
+    ``block_content`` one by one."""
+    prompt = SegmentTokens(segs)
+    size = data.draw(st.integers(1, min(20, len(prompt))))
+    step = data.draw(st.integers(1, 20))
+    first = data.draw(st.integers(0, len(prompt) - size))
+    count = data.draw(st.integers(1, (len(prompt) - size - first) // step + 1))
+    want = [block_content(prompt.window(s, s + size)) for s in range(first, first + count * step, step)]
+    assert list(prompt.block_contents(first, count, step, size)) == want
