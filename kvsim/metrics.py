@@ -96,6 +96,8 @@ class Results:
         self._req.writerow(REQUEST_COLUMNS + engine + (PD_REQUEST_COLUMNS if pd else ()))
         self._replicas, self._dp, self._pd = replicas, dp, pd
         self._steps = steps_out
+        # (a summary's pass formats no rows)
+        self._write_steps, self._write_requests = steps_out is not _Discard, requests_out is not _Discard
         steps_out.write(",".join(engine + STEP_COLUMNS) + "\n")
         self._pending: dict[int, object] = {}
         self._next_seq = 0
@@ -113,11 +115,12 @@ class Results:
         self.draft_s: float = 0
 
     def step(self, s: StepRecord, replica: int | None = None, dp_rank: int | None = None) -> None:
-        if self._replicas:
-            self._steps.write(f"{replica},")
-        if self._dp:
-            self._steps.write(f"{_fmt(dp_rank)},")
-        self._steps.write(_STEP_LINE % _step_fields(s))
+        if self._write_steps:
+            if self._replicas:
+                self._steps.write(f"{replica},")
+            if self._dp:
+                self._steps.write(f"{_fmt(dp_rank)},")
+            self._steps.write(_STEP_LINE % _step_fields(s))
         self.num_steps += 1
         self.queries += s.prefix_cache_queries
         self.hits += s.prefix_cache_hits
@@ -140,12 +143,14 @@ class Results:
     def write_request(self, r) -> None:
         """Write ``r``'s row now and count it."""
         row = _request_values(r)
-        self._req.writerow([_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else [])
-                           + ([_fmt(r.dp_rank)] if self._dp else [])
-                           + ([_fmt(v) for v in (
-                               r.prefill_replica, r.prefill_cached_tokens,
-                               None if r.prefill_done_s is None else r.prefill_done_s - r.arrival_s)]
-                              if self._pd else []))
+        if self._write_requests:
+            self._req.writerow(
+                [_fmt(v) for v in row] + ([_fmt(r.replica)] if self._replicas else [])
+                + ([_fmt(r.dp_rank)] if self._dp else [])
+                + ([_fmt(v) for v in (r.prefill_replica, r.prefill_cached_tokens,
+                                      None if r.prefill_done_s is None
+                                      else r.prefill_done_s - r.arrival_s)]
+                   if self._pd else []))
         self.num_requests += 1
         ttft, tpot, e2e, queue = (row[_COLUMN[k]] for k in ("ttft_s", "tpot_s", "e2e_s", "queue_s"))
         self.last_arrival_s = max(self.last_arrival_s, r.arrival_s)
