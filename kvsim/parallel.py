@@ -65,11 +65,10 @@ class _Remote:
     """A replica in a worker, as the router reads it: its last report, plus what the router
     has sent it since (``Replica.reserve``'s counts)."""
 
-    __slots__ = ("index", "dp_rank", "worker", "outstanding", "pending", "usage", "cached")
+    __slots__ = ("index", "worker", "outstanding", "pending", "usage", "cached")
 
     def __init__(self, index: int, worker: int):
         self.index = index
-        self.dp_rank = None
         self.worker = worker
         self.outstanding = self.pending = 0
         self.usage = 0.0
