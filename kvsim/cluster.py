@@ -469,8 +469,8 @@ class _ClusterProgress:
 
     def every(self, steps: int, sim_s: float, finished: int, total: int) -> None:
         """From ``kvsim.parallel``: the steps and finished requests so far."""
-        if steps // 256 > self.steps // 256:
-            self.progress(steps, sim_s, finished, total)
+        if steps // 256 > self.steps // 256:  # (as a step count the bar redraws at)
+            self.progress(steps - steps % 256, sim_s, finished, total)
         self.steps = steps
 
     def __call__(self, step: int, sim_s: float, finished: int, total: int) -> None:
