@@ -1,12 +1,13 @@
 """A prefix-aware cluster against one engine at the same per-replica load (not a test).
 
     KVSIM_TRACE_DIR=/work/shared/data PYTHONPATH=$PWD python benchmarks/cluster_speed.py \\
-        [--replicas 8 16] [--repeats 2] [--eagle] [--workers N]
+        [--replicas 8 16] [--repeats 3] [--eagle] [--workers N]
 
 The Mooncake FAST'25 conversation hour (12,031 requests) on Llama-3.1-8B / H100 with vLLM
 0.33.0's defaults: once on one engine at the trace's own rate, and on N prefix-aware replicas
 with the hour sped up N times, so that each replica is as loaded as the one engine. Each is
-the whole ``kvsim run`` process (modules byte-compiled, one untimed warm-up run first); it
+the whole ``kvsim run`` process (modules byte-compiled, one untimed warm-up run first; the
+settings take turns, each run of each, as the machine's speed drifts); it
 prints wall time, simulated requests per wall-clock second and steps, and each cluster's
 requests per wall second over the one engine's; ``--eagle`` adds speculative decoding to
 both. A cluster runs as ``kvsim run`` runs it: its replicas on the usable cores
@@ -55,7 +56,8 @@ num_accepted = 2
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, nargs="+", default=[8, 16])
-    ap.add_argument("--repeats", type=int, default=2, help="runs per setting (median)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per setting, settings taking "
+                    "turns (median)")
     ap.add_argument("--workers", type=int, default=None,
                     help="kvsim run --workers for the clusters (default: kvsim's, the usable cores)")
     ap.add_argument("--eagle", action="store_true",
@@ -72,26 +74,34 @@ def main() -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="kvsim-cluster-"))
     env = kvsim_env(work / "pycache")
-    rows = []
-    for n in [1, *args.replicas]:
+    settings = [1, *args.replicas]
+    cmds = {}
+    for n in settings:
         cluster = "" if n == 1 else f'[cluster]\nreplicas = {n}\nrouter = "prefix_aware"\n'
         path = work / f"c{n}.toml"
         path.write_text(SCENARIO.format(speedup=float(n), cluster=cluster,
                                         speculative=EAGLE if args.eagle else ""))
-        cmd = [*kvsim_command(), "run", str(path), "--out", str(work / f"o{n}"), "-q", "--force"]
+        cmds[n] = [*kvsim_command(), "run", str(path), "--out", str(work / f"o{n}"), "-q", "--force"]
         if n > 1 and args.workers is not None:
-            cmd += ["--workers", str(args.workers)]
-        if not rows:
-            timed(cmd, env)  # warm-up
-        got = repeated(cmd, env, args.repeats)
-        if got is None:
-            print(f"{n} replicas: kvsim run failed")
-            return 1
-        walls, rss = got
+            cmds[n] += ["--workers", str(args.workers)]
+    timed(cmds[1], env)  # warm-up
+    # Settings take turns, repeat by repeat: the machine's speed drifts over minutes.
+    walls: dict[int, list[float]] = {n: [] for n in settings}
+    peaks = dict.fromkeys(settings, 0)
+    for _ in range(args.repeats):
+        for n in settings:
+            got = repeated(cmds[n], env, 1)
+            if got is None:
+                print(f"{n} replicas: kvsim run failed")
+                return 1
+            walls[n] += got[0]
+            peaks[n] = max(peaks[n], got[1])
+    rows = []
+    for n in settings:
         summary = json.loads((work / f"o{n}" / "summary.json").read_text())
-        rows.append((n, walls, statistics.median(walls), rss, summary["num_requests"],
+        rows.append((n, walls[n], statistics.median(walls[n]), peaks[n], summary["num_requests"],
                      summary["num_steps"]))
-        print(f"{n} replica(s): " + ", ".join(f"{w:.1f}" for w in walls) + " s", flush=True)
+        print(f"{n} replica(s): " + ", ".join(f"{w:.1f}" for w in walls[n]) + " s", flush=True)
     base = rows[0][4] / rows[0][2]
     print(f"{'replicas':>8} {'speedup':>7} {'wall s':>7} {'req/s':>7} {'steps':>8} "
           f"{'peak MiB':>8} {'req/s vs one engine':>20}")
