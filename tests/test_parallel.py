@@ -74,6 +74,7 @@ def test_progress_reaches_the_end(tmp_path):
     rec = engine.run(sc, build_requests(sc), progress=lambda *a: seen.append(a), workers=2)
     assert len(rec.steps) >= 256 and seen
     assert all(b[0] >= a[0] for a, b in zip(seen, seen[1:]))
+    assert all(s[0] % 256 == 0 for s in seen)  # (counts the terminal bar redraws at)
     assert seen[-1][3] == len(rec.requests)
 
 
