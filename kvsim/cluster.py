@@ -2,7 +2,8 @@
 
 Each replica is a whole engine (its own scheduler, block pool and prefix cache, and its own
 ``[engine]`` settings where a ``[[cluster.deployment]]`` says so); all replicas' engine loops
-run in one SimPy environment (``engine.simulate``). A request is routed when it arrives, from
+run in one SimPy environment (``engine.simulate``), or spread over processes that meet where
+the router acts, with the same results (``kvsim.parallel``). A request is routed when it arrives, from
 what the router can see at that instant, and goes to that replica's queue; the replica admits
 it at its next scheduling call, exactly as a lone engine admits an arrival.
 
