@@ -30,6 +30,7 @@ calls; those clusters run on one process.
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import traceback
 from dataclasses import dataclass, fields
 from operator import attrgetter
@@ -178,11 +179,14 @@ def run(sc: Scenario, requests: list[Request], accept: Acceptance | None, worker
     owned = [list(range(w, n, workers)) for w in range(workers)]
     ctx = mp.get_context("fork")
     pipes = [ctx.Pipe() for _ in owned]
-    procs = [ctx.Process(target=_worker, args=(child, sc, mine, requests, accept), daemon=True)
-             for (_, child), mine in zip(pipes, owned)]
+    procs = [ctx.Process(target=_worker, args=(pipes, w, sc, mine, requests, accept),
+                         daemon=True) for w, mine in enumerate(owned)]
     for p in procs:
         p.start()
+    for _, child in pipes:  # (each end in one process only: a worker gone reads as EOF)
+        child.close()
     conns = [parent for parent, _ in pipes]
+    ok = False
     try:
         remotes = [_Remote(i, i % workers) for i in range(n)]
         router = Router(sc.cluster, remotes, requests, sc.run.seed)
@@ -192,7 +196,7 @@ def run(sc: Scenario, requests: list[Request], accept: Acceptance | None, worker
         ahead = 1  # arrivals a report looks up (twice the last batch: enough, mostly)
         while True:
             for w, conn in enumerate(conns):
-                conn.send(("go", sent[w], pos, ahead))
+                _send(conn, ("go", sent[w], pos, ahead))
                 sent[w] = []
             if pos is None:
                 break
@@ -200,7 +204,7 @@ def run(sc: Scenario, requests: list[Request], accept: Acceptance | None, worker
             until = min(r.at for r in reports)  # the first instant a replica routes at
             if until == float("inf"):  # every replica has stopped: nothing routes the rest
                 for conn in conns:
-                    conn.send(("go", [], None, 0))
+                    _send(conn, ("go", [], None, 0))
                 break
             end = pos + 1
             while end < len(requests) and requests[end].arrival_s <= until:
@@ -210,7 +214,7 @@ def run(sc: Scenario, requests: list[Request], accept: Acceptance | None, worker
                 short = [(conn, pos + len(r.replicas[0][4])) for conn, r in zip(conns, reports)
                          if pos + len(r.replicas[0][4]) < end]
                 for conn, first in short:
-                    conn.send(("look", first, end))
+                    _send(conn, ("look", first, end))
                 _read(remotes, [_recv(conn) for conn, _ in short], counts=False)
                 ahead = 2 * (end - pos)
             for req in requests[pos:end]:
@@ -222,16 +226,32 @@ def run(sc: Scenario, requests: list[Request], accept: Acceptance | None, worker
                 progress(sum(r.steps for r in reports), until, done, len(requests))
             pos = end if end < len(requests) else None
         recs = [_unpacked(rec) for conn in conns for rec in _recv(conn)]
+        ok = True
     finally:
         for conn in conns:
             conn.close()
         for p in procs:
+            if not ok:
+                p.terminate()
             p.join()
     return sorted(recs, key=lambda r: r.replica)
 
 
+_GONE = "a worker process ended without its results"
+
+
+def _send(conn, msg: tuple) -> None:
+    try:
+        conn.send(msg)
+    except OSError:
+        raise RuntimeError(_GONE) from None
+
+
 def _recv(conn) -> Any:
-    msg = conn.recv()
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        raise RuntimeError(_GONE) from None
     if isinstance(msg, _Failure):
         raise RuntimeError(f"a worker process failed:\n{msg.text}")
     return msg
@@ -253,11 +273,21 @@ def _read(remotes: list[_Remote], reports: list[_Report], counts: bool = True) -
             rep.cached.update(zip(range(report.first, report.first + len(cached)), cached))
 
 
-def _worker(conn, sc: Scenario, mine: list[int], requests: list[Request],
+def _worker(pipes: list, w: int, sc: Scenario, mine: list[int], requests: list[Request],
             accept: Acceptance | None) -> None:
+    # The parent answers Ctrl-C and SIGTERM (a worker stops when it does, quietly).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for v, (parent, child) in enumerate(pipes):  # (keep only this worker's end)
+        parent.close()
+        if v != w:
+            child.close()
+    conn = pipes[w][1]
     try:
         conn.send(_serve(conn, sc, mine, requests, accept))
-    except BaseException:
+    except (EOFError, OSError):
+        pass  # the parent has gone (its pipe closed)
+    except Exception:
         conn.send(_Failure(traceback.format_exc()))
     finally:
         conn.close()

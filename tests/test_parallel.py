@@ -68,6 +68,20 @@ def test_parallel_run_is_not_trivially_one_process(monkeypatch):
     assert calls == [2]
 
 
+def test_a_failing_worker_fails_the_run(monkeypatch):
+    """A worker's exception (or its death) ends the run with an error, not a hang."""
+    from kvsim import parallel
+
+    def boom(*a):
+        raise ValueError("boom in a worker")
+    monkeypatch.setattr(parallel, "_serve", boom)
+    with pytest.raises(RuntimeError, match="boom in a worker"):
+        _files(CLUSTERS["prefix_aware"], 2)
+    monkeypatch.setattr(parallel, "_serve", lambda *a: __import__("os")._exit(3))
+    with pytest.raises(RuntimeError, match="ended without its results"):
+        _files(CLUSTERS["prefix_aware"], 2)
+
+
 def test_progress_reaches_the_end(tmp_path):
     sc = parse_scenario(CLUSTERS["prefix_aware"])
     seen = []
