@@ -62,6 +62,11 @@ class _Report:
     # pending tokens, KV usage, the prefix each looked-up request would get)
     steps: int  # steps run so far (progress)
 
+    @property
+    def looked_to(self) -> int:
+        """The request after the last one looked up."""
+        return self.first + len(self.replicas[0][4])
+
 
 class _Remote:
     """A replica in a worker, as the router reads it: its last report, plus what the router
@@ -188,7 +193,8 @@ def run(sc: Scenario, requests: list[Request], accept: Acceptance | None, worker
     conns = [parent for parent, _ in pipes]
     ok = False
     try:
-        remotes = [_Remote(i, i % workers) for i in range(n)]
+        remotes = sorted((_Remote(i, w) for w, mine in enumerate(owned) for i in mine),
+                         key=lambda r: r.index)
         router = Router(sc.cluster, remotes, requests, sc.run.seed)
         looks = _reads_prefixes(sc)
         sent: list[list[tuple[int, int]]] = [[] for _ in owned]
@@ -211,8 +217,7 @@ def run(sc: Scenario, requests: list[Request], accept: Acceptance | None, worker
                 end += 1
             _read(remotes, reports)
             if looks:  # the batch's prefixes a report did not look up
-                short = [(conn, pos + len(r.replicas[0][4])) for conn, r in zip(conns, reports)
-                         if pos + len(r.replicas[0][4]) < end]
+                short = [(conn, r.looked_to) for conn, r in zip(conns, reports) if r.looked_to < end]
                 for conn, first in short:
                     _send(conn, ("look", first, end))
                 _read(remotes, [_recv(conn) for conn, _ in short], counts=False)
