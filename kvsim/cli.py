@@ -60,12 +60,6 @@ def _few_collections():
         gc.unfreeze()
 
 
-def _usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def cmd_run(args) -> int:
     with _few_collections():
         return _run(args)
@@ -86,7 +80,7 @@ def _run(args) -> int:
     if sc.multi_engine:  # held in memory: its files group steps by replica and rank
         try:
             rec = engine.run(sc, build_requests(sc), progress=progress,
-                             workers=args.workers or _usable_cores())
+                             workers=args.workers or os.cpu_count() or 1)  # (as sweep's)
         finally:
             if progress:
                 progress.close()
@@ -459,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="replace an earlier result at --out")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     run.add_argument("--workers", type=int, help="processes a cluster's replicas run on "
-                     "(default: the usable cores, at most one a replica; the results are the "
+                     "(default: all cores, at most one a replica; the results are the "
                      "same with any number)")
     run.set_defaults(func=cmd_run)
     cmp = sub.add_parser("compare", help="run a scenario's variants side by side")
