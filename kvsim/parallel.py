@@ -54,18 +54,19 @@ def _reads_prefixes(sc: Scenario) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Report:
-    """A worker's replicas as the router reads them, where the worker stopped."""
+    """A worker's replicas (in its order) as the router reads them, where the worker
+    stopped."""
 
     at: float  # when a replica of the worker routes first (inf: none will)
+    loads: tuple[tuple[int, int, float], ...]  # (requests, pending tokens, KV usage)
     first: int  # the first request looked up (its index; the rest follow it)
-    replicas: tuple[tuple[int, int, int, float, tuple[int, ...]], ...]  # (index, requests,
-    # pending tokens, KV usage, the prefix each looked-up request would get)
+    prefixes: tuple[tuple[int, ...], ...]  # the prefix each looked-up request would get
     steps: int  # steps run so far (progress)
 
     @property
     def looked_to(self) -> int:
         """The request after the last one looked up."""
-        return self.first + len(self.replicas[0][4])
+        return self.first + len(self.prefixes[0])
 
 
 class _Remote:
@@ -110,7 +111,6 @@ class _Host:
     def __init__(self, conn, reps: dict, requests: list[Request], looks: bool):
         self.conn, self.reps, self.requests, self.looks = conn, reps, requests, looks
         self.pos: int | None = None  # the next arrival not routed yet (its index)
-        self.next_s: float | None = None  # and when it arrives
         self.looked: list[int] = []  # requests hashed for a lookup since the last word
         self.ahead = 1  # how many arrivals a report looks up at most
         self.steps = 0  # (progress)
@@ -123,9 +123,8 @@ class _Host:
     def obey(self) -> None:
         """The parent's next word: prefixes to look up, or the routed requests."""
         while (msg := self.conn.recv())[0] == "look":
-            self.conn.send(self.report(0.0, msg[1], msg[2], counts=False))
+            self.conn.send(self.prefixes(msg[1], msg[2]))
         _, sent, self.pos, self.ahead = msg
-        self.next_s = None if self.pos is None else self.requests[self.pos].arrival_s
         for i, seq in sent:
             self.reps[i].receive(self.requests[seq])
         routed_here = {seq for _, seq in sent}
@@ -134,29 +133,30 @@ class _Host:
                 self.requests[seq].block_hashes = []
         self.looked = []
 
-    def report(self, at: float, first: int, end: int | None = None,
-               counts: bool = True) -> _Report:
-        """The replicas at ``at``; looked up: requests ``first`` to ``end`` (default: to the
-        last that has arrived by ``at``, one at least, ``ahead`` at most)."""
+    def report(self, at: float, first: int) -> _Report:
+        """The replicas at ``at``, with the prefixes of the requests from ``first`` that have
+        arrived by then (one at least, ``ahead`` at most)."""
         reqs = self.requests
-        if not self.looks:
-            end = first
-        elif end is None:
+        end = first
+        if self.looks:
             end, last = first + 1, min(len(reqs), first + self.ahead)
             while end < last and reqs[end].arrival_s <= at:
                 end += 1
-        looked = reqs[first:end]
+        loads = tuple((rep.num_outstanding, rep.pending_tokens(), rep.kv_usage())
+                      for rep in self.reps.values())
+        return _Report(at, loads, first, self.prefixes(first, end), self.steps)
+
+    def prefixes(self, first: int, end: int) -> tuple[tuple[int, ...], ...]:
+        """The prefix each replica would give requests ``first`` to ``end``."""
+        looked = self.requests[first:end]
         self.looked += range(first, end)
-        return _Report(at, first, tuple(
-            (i, rep.num_outstanding, rep.pending_tokens() if counts else 0,
-             rep.kv_usage() if counts else 0.0, tuple(rep.cached_tokens(r) for r in looked))
-            for i, rep in self.reps.items()), self.steps)
+        return tuple(tuple(rep.cached_tokens(r) for r in looked) for rep in self.reps.values())
 
     def next_arrival_s(self) -> float | None:
-        return self.next_s
+        return None if self.pos is None else self.requests[self.pos].arrival_s
 
     def until_next(self, env, replica):
-        t = self.next_s
+        t = self.next_arrival_s()
         return None if t is None else env.timeout(t - env.now)
 
     def finished(self, replica, reqs: list[Request], now: float) -> None:
@@ -215,12 +215,14 @@ def run(sc: Scenario, requests: list[Request], accept: Acceptance | None, worker
             end = pos + 1
             while end < len(requests) and requests[end].arrival_s <= until:
                 end += 1
-            _read(remotes, reports)
+            for mine, report in zip(owned, reports):
+                _read(remotes, mine, report.first, report.prefixes, report.loads)
             if looks:  # the batch's prefixes a report did not look up
-                short = [(conn, r.looked_to) for conn, r in zip(conns, reports) if r.looked_to < end]
-                for conn, first in short:
-                    _send(conn, ("look", first, end))
-                _read(remotes, [_recv(conn) for conn, _ in short], counts=False)
+                short = [(w, r.looked_to) for w, r in enumerate(reports) if r.looked_to < end]
+                for w, first in short:
+                    _send(conns[w], ("look", first, end))
+                for w, first in short:
+                    _read(remotes, owned[w], first, _recv(conns[w]))
                 ahead = 2 * (end - pos)
             for req in requests[pos:end]:
                 rep = router.choose(req)
@@ -267,15 +269,18 @@ class _Failure:
     text: str
 
 
-def _read(remotes: list[_Remote], reports: list[_Report], counts: bool = True) -> None:
-    """The router's view of every replica from the workers' reports."""
-    for report in reports:
-        for index, outstanding, pending, usage, cached in report.replicas:
-            rep = remotes[index]
-            if counts:
-                rep.outstanding, rep.pending, rep.usage = outstanding, pending, usage
-                rep.cached.clear()
-            rep.cached.update(zip(range(report.first, report.first + len(cached)), cached))
+def _read(remotes: list[_Remote], mine: list[int], first: int,
+          prefixes: tuple[tuple[int, ...], ...],
+          loads: tuple[tuple[int, int, float], ...] | None = None) -> None:
+    """The router's view of one worker's replicas (``mine``, in its order): their prefixes
+    for the requests from ``first`` on, and with ``loads`` (a new report) their loads, the
+    prefixes read before forgotten."""
+    for k, i in enumerate(mine):
+        rep = remotes[i]
+        if loads is not None:
+            rep.outstanding, rep.pending, rep.usage = loads[k]
+            rep.cached.clear()
+        rep.cached.update(zip(range(first, first + len(prefixes[k])), prefixes[k]))
 
 
 def _worker(pipes: list, w: int, sc: Scenario, mine: list[int], requests: list[Request],
