@@ -99,3 +99,31 @@ def test_workers_flag_is_checked(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--workers" in err and "at least 1" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_prefix_aware_choices_on_workers_derived_by_hand(tmp_path):
+    """Five requests on 2 replicas, prefix_aware with load_weight 0 (the cached prefix alone;
+    ties: fewer pending tokens, fewer requests, lower index), block 16, each later request
+    arriving after everything before it finished:
+    A (256 tokens of run 0) and B (64 of run 10000) at t = 0: A to replica 0 (all tied), B to
+    replica 1 (replica 0 has A's 256 tokens pending); C = A's 256 + 32 new: replica 0 holds
+    A's 16 full blocks, a hit of 256; D = B's 64 + 16 new: replica 1, a hit of 64 (4 blocks);
+    E shares nothing: all tied again, replica 0."""
+    import json
+
+    lines = [(0.0, [[0, 256]]), (0.0, [[10000, 64]]), (10.0, [[0, 256], [20000, 32]]),
+             (20.0, [[10000, 64], [30000, 16]]), (30.0, [[50000, 48]])]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": t, "max_tokens": 4, "prompt_segments": s,
+                                         "req_id": name}) + "\n"
+                             for name, (t, s) in zip("ABCDE", lines)))
+    raw = variant(engine={"block_size": 16, "enable_prefix_caching": True},
+                  workload={"kind": "trace", "path": str(trace), "format": "kvsim"},
+                  cluster={"replicas": 2, "router": "prefix_aware", "load_weight": 0.0})
+    for key in ("num_requests", "request_rate", "system_prompt_tokens", "num_users",
+                "user_history_tokens", "input_tokens", "output_tokens"):
+        raw["workload"].pop(key)
+    sc = parse_scenario(raw, tmp_path / "s.toml")
+    rec = engine.run(sc, build_requests(sc), workers=2)
+    got = {r.req_id: (r.replica, r.cached_tokens) for r in rec.requests}
+    assert got == {"A": (0, 0), "B": (1, 0), "C": (0, 256), "D": (1, 64), "E": (0, 0)}
