@@ -26,6 +26,7 @@ from kvsim.kv.nixl import check_pd
 from kvsim.kv.offload import OffloadParams, check_offload, num_cpu_chunks
 from kvsim.layout import KVLayout, derive_layout, estimate_kv_cache_bytes, mamba_cache_mode
 from kvsim.model import GiB, ModelCfg, attention_page_bytes_per_token
+from kvsim.sched import reserved_token_budget
 from kvsim.schema import (
     DEPLOYMENT_REPLICAS,
     ENGINE_KEYS,
@@ -53,7 +54,7 @@ from kvsim.schema import (
     WorkloadCfg,
 )
 from kvsim.semantics import VERSIONS, Semantics, semantics_for
-from kvsim.specdec import EAGLE_METHODS, num_prefill_lookahead
+from kvsim.specdec import EAGLE_METHODS, derive_spec, num_prefill_lookahead
 
 
 def _suggest(name: str, known: list[str]) -> str:
@@ -641,7 +642,7 @@ def _speculative(raw: dict, file: str, engine: EngineCfg, model: ModelCfg) -> Sp
     if s["parallel_drafting"] and s["method"] not in ("eagle", "eagle3", "draft_model"):
         raise ConfigError(f"{where}.parallel_drafting", "only EAGLE and draft models draft in parallel")
     groups = engine.kv_groups or ()
-    if (s["method"] in EAGLE_METHODS and sem.hybrid.eagle_swa_must_be_aligned
+    if (s["method"] in EAGLE_METHODS and sem.hybrid.swa_eagle_scan == "assert"
             and any(g.kind == "sliding_window" and g.block_size != engine.block_size for g in groups)):
         raise ConfigError(f"{where}.method", f"vLLM {engine.vllm_version} fails an assertion with "
                           "EAGLE/MTP and a sliding-window group whose block is smaller than the "
@@ -649,7 +650,13 @@ def _speculative(raw: dict, file: str, engine: EngineCfg, model: ModelCfg) -> Sp
     if engine.max_num_batched_tokens <= k:
         raise ConfigError(f"{file}: engine.max_num_batched_tokens", f"{engine.max_num_batched_tokens} "
                           f"leaves no room for {k} lookahead slots (vLLM refuses it)")
-    return _build(SpecCfg, s)
+    spec = _build(SpecCfg, s)
+    if not sem.per_request_draft_slots:
+        slots = derive_spec(spec.drafting(model.num_nextn_predict_layers), sem,
+                            engine.enable_prefix_caching, engine.block_size).params.draft_slots
+        reserved_token_budget(sem, engine.max_num_batched_tokens, engine.max_num_seqs, slots,
+                              where=f"{file}: engine.max_num_batched_tokens")
+    return spec
 
 
 def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: EngineCfg,

@@ -18,6 +18,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
+from kvsim.errors import ConfigError
 from kvsim.kv.connector import ConnectorMeta, ConnectorOutput, KVConnector, StepView
 from kvsim.kv.hybrid import HybridKVCacheManager, mamba_checkpoint_exportable, mamba_checkpoint_position
 from kvsim.kv.manager import KVCacheManager, KVManager
@@ -263,6 +264,21 @@ class SteadyDecodes(Protocol):
         ...
 
 
+def reserved_token_budget(sem: Semantics, max_num_batched_tokens: int, max_num_seqs: int,
+                          draft_slots: int, where: str = "engine.max_num_batched_tokens") -> int:
+    """Before 0.32 (``per_request_draft_slots`` off) the scheduler's token budget is what is
+    left after reserving the draft slots of ``max_num_seqs`` requests
+    (VllmConfig._set_max_num_scheduled_tokens). 0.20+ refuse a budget left at 0 or below
+    (ConfigError at ``where``); 0.19 falls back to the full budget on exactly 0 (it tests the
+    value for truth) and schedules nothing, ever, below it."""
+    budget = max_num_batched_tokens - draft_slots * max_num_seqs
+    if budget <= 0 and sem.rejects_nonpositive_scheduled_tokens:
+        raise ConfigError(where, f"{max_num_batched_tokens} less {draft_slots} draft slot(s) for "
+                                 f"each of max_num_seqs = {max_num_seqs} leaves {budget} tokens "
+                                 f"to schedule; vLLM {sem.version} refuses it")
+    return budget or max_num_batched_tokens
+
+
 class Scheduler:
     def __init__(self, params: SchedulerParams, kv: KVManager, sem: Semantics,
                  connector: KVConnector | None = None):
@@ -303,11 +319,8 @@ class Scheduler:
             self.draft_slots, self.token_budget = params.spec.draft_slots, params.max_num_batched_tokens
         else:
             self.draft_slots = 0
-            # A reservation that leaves exactly 0 falls back to the full budget (vLLM tests
-            # the value for truth); a negative one schedules nothing, ever.
-            self.token_budget = (params.max_num_batched_tokens
-                                 - params.spec.draft_slots * params.max_num_seqs
-                                 ) or params.max_num_batched_tokens
+            self.token_budget = reserved_token_budget(sem, params.max_num_batched_tokens,
+                                                      params.max_num_seqs, params.spec.draft_slots)
         self.waiting = WAITING_QUEUES[params.scheduling_policy]()
         self.running: list[Request] = []
         self.priority_policy = params.scheduling_policy == "priority"

@@ -104,6 +104,11 @@ class Semantics:
     # Draft-model input slots: taken per scheduled request from the input budget (0.32+), or
     # reserved up front as max_num_batched_tokens - slots × max_num_seqs.
     per_request_draft_slots: bool
+    # VllmConfig._set_max_num_scheduled_tokens refuses a configuration whose draft slots leave
+    # max_num_scheduled_tokens <= 0 (0.20.0 config/vllm.py:1391-1400, 0.22.1 :1566-1574);
+    # 0.19 runs it (an exact 0 falls back to max_num_batched_tokens, below 0 nothing is
+    # ever scheduled).
+    rejects_nonpositive_scheduled_tokens: bool
     # With speculative decoding on, blocks of accepted drafts are published right after
     # verification, also for a request that just stopped (0.33); before, only at the
     # request's next allocation.
@@ -209,6 +214,7 @@ _V033 = Semantics(
     cached_tokens_until_first_token=False,
     lookahead_on_admission=True,
     per_request_draft_slots=True,
+    rejects_nonpositive_scheduled_tokens=True,
     cache_after_verify=True,
     has_prefill_lookahead=True,
     skip_zero_chunk_admission=True,
@@ -243,7 +249,7 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tie
                 hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False,
                                    partial_tail_hashes=False, cap_at_full_attention_hit=False,
                                    mamba_split="last_block", mamba_tail_rekey="never",
-                                   mamba_retire=False,
+                                   mamba_retire=False, skipped_unhashed_to_front=False,
                                    mamba_eagle_margin=True),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
                 lookahead_on_admission=False, per_request_draft_slots=False,
@@ -263,15 +269,29 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tie
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                 hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
                                    trim_all_full_groups=False, per_group_eagle_flags=False,
-                                   eagle_swa_must_be_aligned=True, partial_tail_hashes=False,
+                                   swa_eagle_scan="assert", partial_tail_hashes=False,
                                    cap_at_full_attention_hit=False, mamba_split="last_block",
                                    mamba_tail_rekey="never", mamba_retire=False,
-                                   mamba_eagle_margin=True),
-                cached_tokens_until_first_token=False,
+                                   skipped_unhashed_to_front=False, mamba_eagle_margin=True),
+                cached_tokens_until_first_token=False, rejects_nonpositive_scheduled_tokens=False,
                 layout=replace(_V022.layout, hybrid_align="model_config"))
 
+# 0.19.1 differs from 0.19.0 in one hunk of vllm/v1/core (single_type_kv_cache_manager.py
+# :536-541, 567-578): EAGLE with a sliding-window block smaller than U is served (the pre-drop
+# alignment test, then a re-alignment), no longer asserted.
+_V0191 = replace(_V019, version="0.19.1", hybrid=replace(_V019.hybrid, swa_eagle_scan="pre_pop"))
+# 0.21.0 is the 0.22 record but for the hybrid coordinator's writes: every group caches every
+# full block (HybridKVCacheCoordinator.cache_blocks and SlidingWindowManager._cache_block_mask
+# come with 0.22.0). 0.20.2's scheduler checks the full-sequence gate itself before
+# allocate_slots (scheduler.py:744-757, KVCacheManager.can_fit_full_sequence) where 0.21.0
+# passes full_sequence_must_fit (kv_cache_manager.py:334-350): the same count at the same
+# point, so the same record.
+_V021 = replace(_V022, version="0.21.0", hybrid=replace(_V022.hybrid, writes="all"))
 VERSIONS: dict[str, Semantics] = {
     "0.19.0": _V019,
+    "0.19.1": _V0191,
+    "0.20.2": replace(_V021, version="0.20.2"),
+    "0.21.0": _V021,
     "0.22.0": replace(_V022, version="0.22.0"),  # vllm/v1/core byte-identical to 0.22.1
     "0.22.1": _V022,
     "0.32.0": _V032,

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvsim.oracle.fuzz import pd_to_driver, random_pd_scenario, random_scenario, to_driver  # noqa: E402
 from kvsim.oracle.replay import block_ids_digest  # noqa: E402
+from kvsim.oracle.suite import mix_name, mixes_for  # noqa: E402
 
 
 def main() -> int:
@@ -44,6 +45,9 @@ def main() -> int:
     ap.add_argument("--pd", action="store_true",
                     help="P/D pairs through kvsim/oracle/pd_driver.py (with --spec, --async), "
                          "into pd-vllm-VERSION[-spec][-async]")
+    ap.add_argument("--all-mixes", action="store_true",
+                    help="every feature mix the release supports in turn, as the differential "
+                         "suite cycles them, into vllm-VERSION-mixes")
     ap.add_argument("--cases", nargs="*", metavar="SEED[:MIX]",
                     help="record these seeds (MIX: spec,hybrid|mamba,async,offload) into "
                          "vllm-VERSION-regressions (added to the cases there)")
@@ -64,6 +68,17 @@ def main() -> int:
             scenarios = [c["scenario"] for c in data["cases"]]
             data["cases"] = record(args, scenarios)
             write(dest, data)
+        return 0
+    if args.all_mixes:
+        mixes = mixes_for(args.version)
+        scenarios = []
+        for i, seed in enumerate(range(args.first_seed, args.first_seed + args.count)):
+            spec, hybrid, is_async, offload = mixes[i % len(mixes)]
+            scenarios.append(random_scenario(seed, spec=spec, hybrid=hybrid, version=args.version,
+                                             async_scheduling=is_async, offload=offload))
+        write(ROOT / "tests" / "fixtures" / f"vllm-{args.version}-mixes.json.gz",
+              {"vllm_version": args.version, "generator": "kvsim.oracle.fuzz",
+               "mixes": [mix_name(m) for m in mixes], "cases": record(args, scenarios)})
         return 0
     if args.cases:
         scenarios = []

@@ -68,7 +68,7 @@ def _kvsim_routes(stream: dict, rules) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("version", ["0.19.0", "0.22.1", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", list(VERSIONS))
 def test_balancer_routes_as_vllms_own_client(version, tmp_path):
     python = ORACLE_HOME / f"vllm-{version}" / "bin" / "python"
     if not python.exists():

@@ -112,6 +112,14 @@ def test_bad_groups_are_one_line_errors(group, what):
     ("0.22.0", MTP, [16384, 16384, 16384, 0]),
     # §9 "After #44082": 46240/40000 -> 32768; 32769 -> 16384; 20000 -> 16384 (drop, fixed).
     ("0.32.0", MTP, [32768, 32768, 16384, 16384]),
+    # §13 0.21.0 "every computed token is cached, no rounding to U" (not run there; derived):
+    # A's groups publish every full block. B (46240): G1 (b = 16384) hits 2 blocks, 32768;
+    # G0 (b = 128, EAGLE) looks one block past it, 257 blocks, drops one: 32768; the window
+    # group's blocks before it are all cached: 32768 (40000 alike). 32769: G0 may look only
+    # to L - 1 = 32768, 256 blocks, drops one: 32640, rounded to U: 16384. 20000: G0 129
+    # blocks, drops one: 16384. Same table as the fixed releases; 0.20.2's coordinator is 0.21.0's.
+    ("0.21.0", MTP, [32768, 32768, 16384, 16384]),
+    ("0.20.2", MTP, [32768, 32768, 16384, 16384]),
 ])
 def test_dsv4_layout_by_version(version, spec, expected):
     assert [repeat_hit(L, DSV4_GROUPS, spec, version) for L in (46240, 40000, 32769, 20000)] == expected

@@ -7,6 +7,7 @@ from kvsim.assemble import acceptance_for, spec_setup
 from kvsim.config import parse_scenario
 from kvsim.engine import build_scheduler
 from kvsim.request import ExplicitTokens, Request, RequestSpec
+from kvsim.semantics import VERSIONS
 from tests.builders import run_until_done
 
 # Llama 3.2 1B as a checkpoint with one MTP layer, so that method "mtp" runs on it.
@@ -171,7 +172,7 @@ def test_spec_setup_by_method():
     assert p.params.draft_slots == 2
 
 
-@pytest.mark.parametrize("version", ["0.19.0", "0.22.0", "0.22.1", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", list(VERSIONS))
 @pytest.mark.parametrize("method", ["none", "ngram", "eagle"])
 def test_shared_prefix_hits_by_version(version, method):
     # §3.1 and §13: a finished 1000-token request, then one sharing its first N tokens (b = 16).

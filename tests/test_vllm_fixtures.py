@@ -112,6 +112,11 @@ REGRESSIONS = {
                                          "reserves a verify step's blocks (1 + k + lookahead) for "
                                          "itself and for each request still prefilling",
     ("vllm-0.33.0-regressions", 100115): "same, with async scheduling",
+    ("vllm-0.19.1-regressions", 100132): "0.19.1's sliding-window EAGLE lookup: a run may end only "
+                                         "where its length before the drop is U-aligned (0.20+ "
+                                         "after it): vLLM hits 32, the 0.20 rule 0",
+    ("vllm-0.19.1-regressions", 100144): "same",
+    ("vllm-0.19.1-regressions", 100176): "same",
 }
 
 

@@ -83,6 +83,7 @@ def mamba_checkpoint_exportable(query_start: int, query_end: int, checkpoint: in
 
 
 GroupKind = Literal["full_attention", "sliding_window", "mamba"]
+SwaEagleScan = Literal["assert", "pre_pop", "post_pop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +138,20 @@ class HybridRules:
     swa_admission_cap: bool = True  # full-sequence gate caps a window's blocks (0.22+)
     trim_all_full_groups: bool = True  # 0.32+ trims every full-attention group to the hit
     per_group_eagle_flags: bool = True  # 0.19 has none: with EAGLE on, every group drops
-    # 0.19 asserts (the engine dies) on EAGLE with a sliding-window block smaller than U.
-    eagle_swa_must_be_aligned: bool = False
+    # EAGLE with a sliding-window block ``b`` smaller than U (SlidingWindowManager.
+    # find_longest_cache_hit): ``"assert"`` (0.19.0: the engine dies at the first hit),
+    # ``"pre_pop"`` (0.19.1: a run may end only where its length before the EAGLE drop is
+    # U-aligned, ``(i + 1) * b % U``; drop, then re-align), ``"post_pop"`` (0.20+: where the
+    # length after the drop is, ``i * b % U``; 0.20.0 single_type_kv_cache_manager.py:559-562).
+    swa_eagle_scan: SwaEagleScan = "post_pop"
     # 0.32+ publish the prompt tail inside a coarse full-attention block (partial entry).
     partial_tail_hashes: bool = True
+    # 0.23+: the blocks remove_skipped_blocks frees (a window's, a Mamba group's old states)
+    # and a sliding-window group's whole table when its request is freed go to the free
+    # queue's front where they carry no hash (0.23.0 single_type_kv_cache_manager.py:497-501,
+    # 751-765: ``free_blocks(..., prepend=True)``; from 0.24 every free does,
+    # ``Semantics.free_unhashed_to_front``). Before, to the tail.
+    skipped_unhashed_to_front: bool = True
     # Mamba "align" mode. ``mamba_split``: how the scheduler cuts prefill chunks so that
     # states land on block boundaries: ``"last_block"`` (0.19/0.22: align chunks, force one to
     # end at the prompt's last full block, a block earlier under EAGLE) or ``"checkpoint"``
@@ -328,6 +339,7 @@ class HybridKVCacheManager:
     def _sliding_window_hit(self, keys, gids, max_length, drop, g: _Group):
         U, b, null = self.block_size, g.block_size, self.pool.null_block
         need = g.contiguous_blocks_for_hit(drop)
+        post_pop = self.rules.swa_eagle_scan == "post_pop"
         max_blocks = max_length // b
         blocks = {gid: [null] * max_blocks for gid in gids}
         run, found = 0, False
@@ -336,7 +348,7 @@ class HybridKVCacheManager:
             if cached is None:
                 run = 0
                 continue
-            if run == 0 and b != U and (((i if drop else i + 1) * b) % U):
+            if run == 0 and b != U and (((i if drop and post_pop else i + 1) * b) % U):
                 continue  # a run may only end where the (post-drop) length is aligned
             for gid, blk in zip(gids, cached):
                 blocks[gid][i] = blk
@@ -528,9 +540,12 @@ class HybridKVCacheManager:
                                             total_computed, admission_cap, main, prefill_end)
                    for g in self.groups)
 
-    def _free_range(self, table: list[Block], first: int, last: int, past_nulls: bool) -> None:
+    def _free_range(self, table: list[Block], first: int, last: int, past_nulls: bool,
+                    skipped: bool = True) -> None:
         """Free ``table[first:last]`` newest first, leaving null blocks; stop at the first null
-        block (everything before it was freed earlier) unless ``past_nulls``."""
+        block (everything before it was freed earlier) unless ``past_nulls``. ``skipped``:
+        blocks the window or old states left behind (``skipped_unhashed_to_front``), not a
+        Mamba state block copied forward."""
         null, freed = self.pool.null_block, []
         for i in range(last - 1, first - 1, -1):
             if table[i] is null:
@@ -540,7 +555,7 @@ class HybridKVCacheManager:
             freed.append(table[i])
             table[i] = null
         if freed:
-            self.pool.free_blocks(freed)
+            self.pool.free_blocks(freed, skipped and self.rules.skipped_unhashed_to_front)
 
     def remove_skipped_blocks(self, req_id: str, num_computed: int) -> None:
         """Free what each group no longer reads (newest first), leaving null blocks: blocks
@@ -570,7 +585,7 @@ class HybridKVCacheManager:
                 # The state of two steps ago was copied forward last step: free it.
                 idx = g.last_state_idx.get(req_id)
                 if idx is not None and idx < cdiv(computed, g.block_size) - 1:
-                    self._free_range(table, idx, idx + 1, past_nulls=True)
+                    self._free_range(table, idx, idx + 1, past_nulls=True, skipped=False)
 
     def allocate_slots(self, req: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: dict | None = None, num_lookahead_tokens: int = 0,
@@ -988,7 +1003,8 @@ class HybridKVCacheManager:
             g.last_state_idx.pop(req.req_id, None)
             g.num_retired.pop(req.req_id, None)
             g.checkpoints.pop(req.req_id, None)
-            self.pool.free_blocks(reversed(table))  # null blocks are skipped there
+            self.pool.free_blocks(reversed(table),  # null blocks are skipped there
+                                  g.spec.kind == "sliding_window" and self.rules.skipped_unhashed_to_front)
 
     def block_ids(self, req_id: str) -> list[list[int]]:
         return [[blk.block_id for blk in g.tables.get(req_id, ())] for g in self.groups]

@@ -179,12 +179,14 @@ class BlockPool:
                 queue.remove(blk)
             blk.ref_cnt += 1
 
-    def free_blocks(self, ordered_blocks: Iterable[Block]) -> None:
-        """ref_cnt -= 1 for each block, given in eviction order; released blocks rejoin the queue."""
+    def free_blocks(self, ordered_blocks: Iterable[Block], unhashed_to_front: bool = False) -> None:
+        """ref_cnt -= 1 for each block, given in eviction order; released blocks rejoin the queue
+        (``unhashed_to_front``: those without a hash at the front, as the pool's own rule puts
+        them where the release has it; 0.23 ``free_blocks(..., prepend=True)``)."""
         to_front: list[Block] = []
         to_tail: list[Block] = []
         null = self.null_block
-        front_if_unhashed = self.free_unhashed_to_front
+        front_if_unhashed = self.free_unhashed_to_front or unhashed_to_front
         all_to_front = front_if_unhashed and not self.enable_caching
         for blk in ordered_blocks:
             if blk is null:

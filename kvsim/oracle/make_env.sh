@@ -46,13 +46,13 @@ TORCH_PIN="torch==2.13.0"
 TRANSFORMERS_PIN="transformers>=5.16.1,<5.21"
 EXTRA_DEPS=()
 case "$VERSION" in
-    0.22.*)
+    0.2[2-9].* | 0.3[01].*)
         # Section 13: older release, same recipe with these changes.
         TRANSFORMERS_PIN="transformers==5.20.2"
         EXTRA_DEPS=(gguf)
         ;;
-    0.19.*)
-        # Built this way here (transformers 5.20.2 and torch 2.13 work despite 0.19's pins).
+    0.19.* | 0.20.* | 0.21.*)
+        # Built this way here (transformers 5.20.2 and torch 2.13 work despite their pins).
         TRANSFORMERS_PIN="transformers==5.20.2"
         EXTRA_DEPS=(gguf diskcache)
         ;;

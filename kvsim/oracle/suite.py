@@ -1,6 +1,7 @@
 """The differential suite: seeded fuzzed traces through vLLM's Scheduler and kvsim, compared.
 
-    python -m kvsim.oracle.suite --count 500                  # per version (CI)
+    python -m kvsim.oracle.suite --count 500                  # per version (CI's subset)
+    python -m kvsim.oracle.suite --count 2000 --versions all  # every covered release
     python -m kvsim.oracle.suite --count 5000 --versions 0.33.0
     python -m kvsim.oracle.suite --count 2000 --mixes hybrid,spec-hybrid,mamba,spec-mamba
 
@@ -28,7 +29,7 @@ from kvsim.errors import ConfigError
 from kvsim.oracle.fuzz import pd_to_driver, random_pd_scenario, random_scenario, to_driver
 from kvsim.oracle.replay import build, compare, compare_pd, drive, drive_pd
 from kvsim.oracle.validate import DRIVER, oracle_python
-from kvsim.semantics import VERSIONS
+from kvsim.semantics import DEFAULT_VERSION, VERSIONS
 
 # (speculative decoding, hybrid groups (True, or "mamba": with a Mamba group), asynchronous,
 # native CPU offloading)
@@ -178,9 +179,51 @@ def run_version_pd(version: str, count: int, first_seed: int, python: Path,
     return _tally(version, cases, results, pd_mix_name, check)
 
 
+def ci_versions(turn: int, others: int = 3) -> list[str]:
+    """CI's releases at its ``turn``-th run (the commit count): the newest, and ``others`` of
+    the rest taken in turn, so that every covered release runs once every
+    ``ceil((len(VERSIONS) - 1) / others)`` commits."""
+    rest = [v for v in VERSIONS if v != DEFAULT_VERSION]
+    if not rest:
+        return [DEFAULT_VERSION]
+    start = turn * others % len(rest)
+    return [DEFAULT_VERSION] + [rest[(start + i) % len(rest)] for i in range(min(others, len(rest)))]
+
+
+def resolve_versions(arg: str, turn: int | None = None) -> list[str]:
+    """``--versions``: a comma-separated list of covered releases, ``all``, or ``ci`` (the
+    newest and a subset that rotates with ``turn``, by default the commit count of HEAD)."""
+    if arg == "all":
+        return list(VERSIONS)
+    if arg == "ci":
+        if turn is None:
+            turn = _commit_count()
+        return ci_versions(turn)
+    versions = arg.split(",")
+    unknown = [v for v in versions if v not in VERSIONS]
+    if unknown:
+        raise ConfigError("--versions", f"not a covered release: {', '.join(unknown)} "
+                          f"(covered: {', '.join(VERSIONS)}, or all, ci)")
+    return versions
+
+
+def _commit_count() -> int:
+    """HEAD's commit count in the checkout holding this file (0 outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-list", "--count", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, check=True).stdout
+        return int(out)
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvsim.oracle.suite")
-    ap.add_argument("--versions", default="0.33.0,0.32.0,0.22.1,0.19.0")
+    ap.add_argument("--versions", default="ci",
+                    help="covered releases, comma-separated; 'all'; or 'ci' (default): the "
+                         "newest and three others in turn by HEAD's commit count")
+    ap.add_argument("--list", action="store_true",
+                    help="print the releases --versions names, one a line, and exit")
     ap.add_argument("--count", type=int, default=500, help="scenarios per version")
     ap.add_argument("--first-seed", type=int, default=100_000)
     ap.add_argument("--max-calls", type=int, default=20_000, help="schedule() calls per scenario")
@@ -190,6 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixes", default=None,
                     help=f"only these feature mixes, comma-separated ({', '.join(names)})")
     args = ap.parse_args(argv)
+    try:
+        versions = resolve_versions(args.versions)
+    except ConfigError as exc:
+        print(f"kvsim: error: {exc.where}: {exc.what}", file=sys.stderr)
+        return 2
+    if args.list:
+        print("\n".join(versions))
+        return 0
     only = None
     if args.mixes is not None:
         only = set(args.mixes.split(","))
@@ -199,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     pd_count = args.count // 4 if args.pd_count is None else args.pd_count
     total_bad = total = 0
-    for version in args.versions.split(","):
+    for version in versions:
         for what, count in (("traces", args.count), ("P/D pairs", pd_count)):
             try:
                 python = oracle_python(version, None)
