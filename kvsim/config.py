@@ -386,8 +386,8 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
             g.kind == "mamba" for g in groups) else "none"
     groups = e["kv_groups"]
     mamba = [g for g in groups or () if g.kind == "mamba"]
-    if mamba and e["enable_prefix_caching"] and sem.hybrid.mamba_split == "last_block":
-        # 0.19/0.22 round every prefill chunk down to the block: a block larger than a chunk
+    if mamba and e["enable_prefix_caching"] and sem.hybrid.mamba_split != "checkpoint":
+        # 0.19-0.31 round every prefill chunk down to the block: a block larger than a chunk
         # can ever be means no prompt longer than one block is ever scheduled (vLLM stalls).
         b, limit = mamba[0].block_size, mnbt
         if e["long_prefill_token_threshold"] > 0:

@@ -443,13 +443,21 @@ class Scheduler:
         kv, b = self.kv, self.kv.block_size
         assert isinstance(kv, HybridKVCacheManager)  # only a hybrid layout has a Mamba group
         end = start + n
-        if self.sem.hybrid.mamba_split == "last_block":  # 0.19/0.22 Scheduler
+        split = self.sem.hybrid.mamba_split
+        if split != "checkpoint":  # 0.19-0.31 Scheduler
             last = req.num_tokens - req.num_tokens % b
             if kv.eagle_drop:
                 last = max(last - b, 0)
             if end < last:
-                return n // b * b
-            return last - start if start < last < end else n
+                n = n // b * b
+            elif start < last < end:
+                n = last - start
+            # 0.24+: an admission that looked up (nothing computed yet) stops at the junction.
+            uncached = req.shared_prefix_boundary - start
+            if (split == "last_block_junction" and req.num_computed_tokens == 0
+                    and req.shared_prefix_boundary and uncached >= b and n > uncached):
+                n = uncached // b * b
+            return n
         # 0.32+: get_mamba_prefill_checkpoint_position, then the mandatory stops; a chunk that
         # reaches the prefill end and can export the checkpoint from inside need not stop there.
         last = mamba_checkpoint_position(req.num_tokens, b, kv.eagle_drop, kv.hash_lookahead)

@@ -287,6 +287,19 @@ _V0191 = replace(_V019, version="0.19.1", hybrid=replace(_V019.hybrid, swa_eagle
 # passes full_sequence_must_fit (kv_cache_manager.py:334-350): the same count at the same
 # point, so the same record.
 _V021 = replace(_V022, version="0.21.0", hybrid=replace(_V022.hybrid, writes="all"))
+# 0.23.0: admissions reserve the lookahead slots too (scheduler.py:736-739), the batch queue
+# fills when nothing executed but requests wait (engine/core.py:541-546), an EAGLE group
+# caches one block past U and the window mask keeps it (kv_cache_coordinator.py:554-580,
+# single_type_kv_cache_manager.py:714), and a window's or an old Mamba state's unhashed
+# blocks go to the free queue's front (single_type_kv_cache_manager.py:497-501, 751-765).
+_V023 = replace(_V022, version="0.23.0", lookahead_on_admission=True,
+                batch_queue_fill_requires_execution=False,
+                hybrid=replace(_V022.hybrid, writes="eagle_extra", skipped_unhashed_to_front=True))
+# 0.24.0: every free puts unhashed blocks at the queue's front (block_pool.py:614-635), and
+# an admission's first Mamba chunk stops at the shared-prefix junction (scheduler.py:377-385).
+_V024 = replace(_V023, version="0.24.0", free_unhashed_to_front=True,
+                hybrid=replace(_V023.hybrid, mamba_split="last_block_junction"))
+
 VERSIONS: dict[str, Semantics] = {
     "0.19.0": _V019,
     "0.19.1": _V0191,
@@ -294,6 +307,8 @@ VERSIONS: dict[str, Semantics] = {
     "0.21.0": _V021,
     "0.22.0": replace(_V022, version="0.22.0"),  # vllm/v1/core byte-identical to 0.22.1
     "0.22.1": _V022,
+    "0.23.0": _V023,
+    "0.24.0": _V024,
     "0.32.0": _V032,
     "0.33.0": _V033,
 }

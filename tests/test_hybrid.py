@@ -332,6 +332,38 @@ def test_h3_scheduler_split(version, spec, chunks, hit):
     assert mamba_chunks_and_hit(version, spec) == (chunks, hit)
 
 
+@pytest.mark.parametrize("version, b_chunks, c_hit", [
+    # A = tokens 1..200 chunked [192, 8]: full-attention blocks to 192, a Mamba state at 192
+    # only. B shares A's first 150 tokens, then 100 of its own: full attention hits 128, Mamba
+    # nothing below it, so B's hit is 0 and 128 tokens are a junction no Mamba state marks.
+    # 0.23: B's chunks follow the last-block split alone, [192, 58]: its states at 192 (its
+    # own prefix) only, and C (B's first 150 tokens, then others) hits 0.
+    ("0.23.0", [192, 58], 0),
+    # 0.24 (Marconi): B's first chunk stops at the junction, rd(128 - 0, 64) = 128; the next
+    # at the last cache position, 250 - 250 % 64 = 192; then the tail: [128, 64, 58]. A state
+    # at 128, and C hits 128.
+    ("0.24.0", [128, 64, 58], 128),
+])
+def test_mamba_junction_split_by_release(version, b_chunks, c_hit):
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
+           "engine": {"vllm_version": version, "num_gpu_blocks": 200, "max_model_len": 1024,
+                      "max_num_batched_tokens": 2048, "max_num_seqs": 8, "kv_groups": MAMBA_H3}}
+    s = build_scheduler(parse_scenario(raw))
+    prompts = {"A": [(1, 200)], "B": [(1, 150), (1000, 100)], "C": [(1, 150), (2000, 50)]}
+    chunks, hits = {}, {}
+    for i, (rid, segs) in enumerate(prompts.items()):
+        r = Request(RequestSpec(rid, 0.0, SegmentTokens(segs), 1), i)
+        s.add_request(r)
+        while s.num_unfinished:
+            plan = s.schedule()
+            chunks.setdefault(rid, []).extend(c.num_new_tokens for c in plan.scheduled)
+            s.update_from_output(plan)
+            s.kv.check_invariants()
+        hits[rid] = r.cached_tokens
+    assert chunks["A"] == [192, 8] and hits["B"] == 0
+    assert (chunks["B"], hits["C"]) == (b_chunks, c_hit)
+
+
 def test_h3_split_under_a_small_budget_keeps_every_block_state():
     # Budget 72: chunks round down to the block (64, 64, 64), then the tail; states at
     # 64, 128 and 192 (the older ones freed, still hashed): B hits 192.

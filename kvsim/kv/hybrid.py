@@ -84,6 +84,7 @@ def mamba_checkpoint_exportable(query_start: int, query_end: int, checkpoint: in
 
 GroupKind = Literal["full_attention", "sliding_window", "mamba"]
 SwaEagleScan = Literal["assert", "pre_pop", "post_pop"]
+MambaSplit = Literal["last_block", "last_block_junction", "checkpoint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +154,13 @@ class HybridRules:
     # ``Semantics.free_unhashed_to_front``). Before, to the tail.
     skipped_unhashed_to_front: bool = True
     # Mamba "align" mode. ``mamba_split``: how the scheduler cuts prefill chunks so that
-    # states land on block boundaries: ``"last_block"`` (0.19/0.22: align chunks, force one to
-    # end at the prompt's last full block, a block earlier under EAGLE) or ``"checkpoint"``
-    # (0.32+: end-aligned chunks that also stop at the checkpoint position and at the
-    # shared-prefix junction a lookup reported). ``mamba_retire``: 0.32+ free old states past
+    # states land on block boundaries: ``"last_block"`` (0.19-0.23: align chunks, force one to
+    # end at the prompt's last full block, a block earlier under EAGLE),
+    # ``"last_block_junction"`` (0.24: also end an admitted request's first chunk at the
+    # shared-prefix junction its lookup found, block-floored from the hit: "Marconi",
+    # scheduler.py:377-385, kv_cache_coordinator.py:729) or ``"checkpoint"`` (0.32+:
+    # end-aligned chunks that also stop at the checkpoint position and, in any chunk, at the
+    # junction). ``mamba_retire``: 0.32+ free old states past
     # null gaps and remember how far they got, and take at most the 1 (+ speculative) state
     # blocks a step needs (min with what is missing); 0.19/0.22 stop at the first null block,
     # first step the computed count back by num_speculative_blocks tokens, and always count
@@ -167,7 +171,7 @@ class HybridRules:
     # own hit (0.32+); 0.19/0.22 only round the candidate down to its block size, so a group
     # looked up past the candidate (an EAGLE Mamba group) can raise the hit above it.
     cap_at_full_attention_hit: bool = True
-    mamba_split: str = "checkpoint"
+    mamba_split: MambaSplit = "checkpoint"
     # 0.32+ (re-)register the prompt's checkpoint state under its prefix hash each time the
     # request caches up to exactly that position, which also defers same-step hits on it:
     # ``"always"`` (0.32), ``"unless_keyed"`` (0.33: not when the block already carries that
