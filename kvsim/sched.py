@@ -444,18 +444,27 @@ class Scheduler:
         assert isinstance(kv, HybridKVCacheManager)  # only a hybrid layout has a Mamba group
         end = start + n
         split = self.sem.hybrid.mamba_split
-        if split != "checkpoint":  # 0.19-0.31 Scheduler
+        junction = req.shared_prefix_boundary
+        if split != "checkpoint":  # 0.19-0.26 Scheduler: the prompt's last full block
             last = req.num_tokens - req.num_tokens % b
             if kv.eagle_drop:
                 last = max(last - b, 0)
+            if split == "last_block_stops":  # 0.26: then the mandatory stops, as below
+                if end < last:
+                    end = end // b * b
+                nxt = (start // b + 1) * b
+                stops = (nxt if start % b and nxt <= last else 0, last,
+                         start + (junction - start) // b * b if start < junction < end else 0)
+                end = min((s for s in stops if start < s < end), default=end)
+                return max(end - start, 0)
             if end < last:
                 n = n // b * b
             elif start < last < end:
                 n = last - start
-            # 0.24+: an admission that looked up (nothing computed yet) stops at the junction.
-            uncached = req.shared_prefix_boundary - start
+            # 0.24/0.25: an admission that looked up (nothing computed yet) stops at the junction.
+            uncached = junction - start
             if (split == "last_block_junction" and req.num_computed_tokens == 0
-                    and req.shared_prefix_boundary and uncached >= b and n > uncached):
+                    and junction and uncached >= b and n > uncached):
                 n = uncached // b * b
             return n
         # 0.32+: get_mamba_prefill_checkpoint_position, then the mandatory stops; a chunk that
@@ -475,7 +484,6 @@ class Scheduler:
             aligned = end // b * b
             if aligned > start or b <= max_prefill:
                 end = aligned
-        junction = req.shared_prefix_boundary
         stops = ((start // b + 1) * b if start % b and not internal else 0,  # onto the block grid
                  last,
                  start + (junction - start) // b * b if start < junction < end else 0)
@@ -706,10 +714,17 @@ class Scheduler:
             request_budget = min(budget[0], budget[1] - slots)
             n = 0 if load_async else req.num_tokens - computed
             padded = False
-            if (k and n == 1 and not prefill_scheduled and sem.pad_new_decode_to_spec_width
+            pad = sem.pad_new_decode_to_spec_width
+            if pad == "running" and k and n == 1 and not prefill_scheduled and running_scheduled:
+                # 0.25: pad a one-token admission to a full 1 + k verify row (placeholder
+                # drafts) when running requests were scheduled, or schedule nothing more.
+                if 1 + k > request_budget or computed + 1 + k > p.max_model_len:
+                    break
+                n, padded = 1 + k, True
+            elif (pad == "running_or_hit" and k and n == 1 and not prefill_scheduled
                     and (running_scheduled or computed > 0) and computed + 1 + k + 1 <= p.max_model_len):
-                # vLLM pads a one-token admission to a full 1 + k verify row (placeholder
-                # drafts) to keep the decode batch uniform, if it fits max_model_len.
+                # 0.32+: also a prefix hit's admission, and only if the row and the sampled
+                # token fit max_model_len.
                 if 1 + k > request_budget:
                     break  # rather not schedule than schedule it unpadded
                 n, padded = 1 + k, True
@@ -829,7 +844,7 @@ class Scheduler:
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
         req.num_draft_tokens = 0
-        if self.sem.has_num_in_flight_tokens:
+        if self.sem.stale_outputs_on_preempt:
             # Async: outputs in flight become stale; their placeholders go (0.32
             # scheduler.py:1596-1606). Before 0.32 the placeholders stay and the late output is
             # applied like any other (0.19 scheduler.py:956-976).

@@ -15,6 +15,8 @@ from kvsim.kv.hybrid import HybridRules
 from kvsim.layout import LayoutRules
 from kvsim.model import GiB
 
+PadNewDecode = Literal["never", "running", "running_or_hit"]
+
 
 @dataclass(frozen=True, slots=True)
 class DPRules:
@@ -78,9 +80,12 @@ class Semantics:
     eagle_prefix_rule: str
     has_disable_eagle_block_drop: bool
     has_disable_lookahead_block_hashes: bool
-    # Scheduler pads a newly admitted request with one token left (a full prefix hit) to a
-    # 1 + k verify row of placeholder drafts (0.32+).
-    pad_new_decode_to_spec_width: bool
+    # Scheduler pads a newly admitted request with one token left to a 1 + k verify row of
+    # placeholder drafts: "never" (before 0.25); "running" (0.25: when running requests were
+    # scheduled in the step, and a row past max_model_len ends the waiting pass, 0.25
+    # scheduler.py:812-826); "running_or_hit" (0.32+: also after a prefix hit, left unpadded
+    # when the row and the sampled token pass max_model_len, 0.32 :1131-1153).
+    pad_new_decode_to_spec_width: PadNewDecode
     # Rules of the hybrid (several KV groups) coordinator.
     hybrid: HybridRules
     # Priority policy: a running request that preempted itself lets the (higher-priority)
@@ -141,6 +146,9 @@ class Semantics:
     # and _preempt_request kept num_output_placeholders, so a late output is applied like any
     # other (0.19 scheduler.py:956-976, 0.22 :929-949).
     has_num_in_flight_tokens: bool
+    # The preemption half of the above (0.27+; 0.26 frees windows behind the processed tokens
+    # but still preempts the old way, 0.26 scheduler.py:1212-1234).
+    stale_outputs_on_preempt: bool
     # VllmConfig.max_in_flight_tokens (max_concurrent_batches × max_num_batched_tokens, 0.32+)
     # bounds a sliding window's blocks in the admission cap and the start-up pool check;
     # before, max_num_batched_tokens did (0.22 v1/kv_cache_interface.py:463-492).
@@ -206,7 +214,7 @@ _V033 = Semantics(
     eagle_prefix_rule="lookahead",
     has_disable_eagle_block_drop=True,
     has_disable_lookahead_block_hashes=True,
-    pad_new_decode_to_spec_width=True,
+    pad_new_decode_to_spec_width="running_or_hit",
     hybrid=HybridRules(),
     priority_self_preempt_continues=True,
     priority_victim_before_index_reindexes=True,
@@ -223,6 +231,7 @@ _V033 = Semantics(
     async_publish_after_placeholders=False,
     async_allows_ngram=True,
     has_num_in_flight_tokens=True,
+    stale_outputs_on_preempt=True,
     has_max_in_flight_tokens=True,
     batch_queue_fill_requires_execution=False,
     has_prefix_cache_retention_interval=True,
@@ -245,17 +254,19 @@ _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 offload=OffloadRules(lru_request_ranks=False, restore_from_start=False))
 _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tier_160gib=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
-                pad_new_decode_to_spec_width=False,
+                pad_new_decode_to_spec_width="never",
                 hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False,
                                    partial_tail_hashes=False, cap_at_full_attention_hit=False,
                                    mamba_split="last_block", mamba_tail_rekey="never",
-                                   mamba_retire=False, skipped_unhashed_to_front=False,
+                                   mamba_retire=False, mamba_skip_back_spec_blocks=True,
+                                   skipped_unhashed_to_front=False,
                                    mamba_eagle_margin=True),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
                 lookahead_on_admission=False, per_request_draft_slots=False,
                 priority_victim_before_index_reindexes=False,
                 has_prefill_lookahead=False, async_default_off_methods=("ngram", "draft_model"),
-                has_num_in_flight_tokens=False, has_max_in_flight_tokens=False,
+                has_num_in_flight_tokens=False, stale_outputs_on_preempt=False,
+                has_max_in_flight_tokens=False,
                 batch_queue_fill_requires_execution=True,
                 has_prefix_cache_retention_interval=False,
                 default_prefix_cache_retention_interval=None,
@@ -272,6 +283,7 @@ _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                                    swa_eagle_scan="assert", partial_tail_hashes=False,
                                    cap_at_full_attention_hit=False, mamba_split="last_block",
                                    mamba_tail_rekey="never", mamba_retire=False,
+                                   mamba_skip_back_spec_blocks=True,
                                    skipped_unhashed_to_front=False, mamba_eagle_margin=True),
                 cached_tokens_until_first_token=False, rejects_nonpositive_scheduled_tokens=False,
                 layout=replace(_V022.layout, hybrid_align="model_config"))
@@ -299,6 +311,24 @@ _V023 = replace(_V022, version="0.23.0", lookahead_on_admission=True,
 # an admission's first Mamba chunk stops at the shared-prefix junction (scheduler.py:377-385).
 _V024 = replace(_V023, version="0.24.0", free_unhashed_to_front=True,
                 hybrid=replace(_V023.hybrid, mamba_split="last_block_junction"))
+# 0.25.0: the DP client's scan start moves on after every balanced pick (core_client.py
+# :1437-1442), and a one-token admission is padded to a verify row when running requests were
+# scheduled (scheduler.py:812-826).
+_V025 = replace(_V024, version="0.25.0", dp=replace(_V024.dp, rotate_start=True),
+                pad_new_decode_to_spec_width="running")
+# 0.26.0 (0.26 scheduler.py, kv_cache_coordinator.py, single_type_kv_cache_manager.py):
+# cached tokens from the first admission only (:805-813); windows sized by
+# max_in_flight_tokens (kv_cache_interface.py:584) and freed behind the processed tokens
+# (kv_cache_manager.py:443-447), preemption still the old way; full attention caps later
+# passes at its own hit (:728-736), no look-ahead margin for Mamba (:746-756); the prompt-tail
+# entry at num_prompt_tokens (:765-792); the Mamba split's mandatory stops (:355-423), the
+# computed count no longer stepped back (:1384-1394).
+_V026 = replace(_V025, version="0.26.0", cached_tokens_until_first_token=False,
+                has_max_in_flight_tokens=True, has_num_in_flight_tokens=True,
+                hybrid=replace(_V025.hybrid, cap_at_full_attention_hit=True,
+                               mamba_eagle_margin=False, partial_tail_hashes=True,
+                               partial_tail_limit="prompt", mamba_split="last_block_stops",
+                               mamba_skip_back_spec_blocks=False))
 
 VERSIONS: dict[str, Semantics] = {
     "0.19.0": _V019,
@@ -309,6 +339,8 @@ VERSIONS: dict[str, Semantics] = {
     "0.22.1": _V022,
     "0.23.0": _V023,
     "0.24.0": _V024,
+    "0.25.0": _V025,
+    "0.26.0": _V026,
     "0.32.0": _V032,
     "0.33.0": _V033,
 }

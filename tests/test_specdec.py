@@ -121,6 +121,29 @@ def test_full_hit_admission_is_padded_to_a_verify_row():
     assert (b.num_computed_tokens, b.num_tokens) == (65, 66)
 
 
+@pytest.mark.parametrize("version, alone, beside_a", [
+    ("0.24.0", (1, False), (1, False)),  # no padding before 0.25
+    ("0.25.0", (1, False), (3, True)),   # 0.25: only beside running requests scheduled this step
+    ("0.32.0", (3, True), (3, True)),    # 0.32+: also a prefix hit's admission alone
+    ("0.33.0", (3, True), (3, True)),
+])
+def test_padding_a_one_token_admission_by_release(version, alone, beside_a):
+    # B repeats a 65-token prompt cached by A: hit 64 (ngram drafts: no EAGLE drop), one token
+    # left. "alone": A finished, B is the step's only request; "beside_a": A still decoding,
+    # scheduled first. A padded row is 1 + k = 3 tokens (scheduler.py 0.25 :812-826, 0.32
+    # :1131-1153).
+    got = []
+    for a_tokens in (1, 30):
+        s = sched_for(method="ngram", k=2, version=version)
+        s.add_request(req("A", range(65), max_tokens=a_tokens))
+        s.update_from_output(s.schedule(), lambda _r, n: n)
+        b = req("B", range(65), max_tokens=3)
+        s.add_request(b)
+        chunk = {c.req.req_id: c for c in s.schedule().scheduled}["B"]
+        got.append((chunk.num_new_tokens, chunk.padded))
+    assert got == [alone, beside_a]
+
+
 def test_max_tokens_trims_accepted_drafts():
     s = sched_for(method="eagle", k=3)
     r = req("R", range(20), max_tokens=3)

@@ -84,7 +84,8 @@ def mamba_checkpoint_exportable(query_start: int, query_end: int, checkpoint: in
 
 GroupKind = Literal["full_attention", "sliding_window", "mamba"]
 SwaEagleScan = Literal["assert", "pre_pop", "post_pop"]
-MambaSplit = Literal["last_block", "last_block_junction", "checkpoint"]
+MambaSplit = Literal["last_block", "last_block_junction", "last_block_stops", "checkpoint"]
+PartialTailLimit = Literal["prompt", "resend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +146,12 @@ class HybridRules:
     # U-aligned, ``(i + 1) * b % U``; drop, then re-align), ``"post_pop"`` (0.20+: where the
     # length after the drop is, ``i * b % U``; 0.20.0 single_type_kv_cache_manager.py:559-562).
     swa_eagle_scan: SwaEagleScan = "post_pop"
-    # 0.32+ publish the prompt tail inside a coarse full-attention block (partial entry).
+    # 0.26+ publish the prompt tail inside a coarse full-attention block (partial entry), at
+    # the last hash boundary of ``"prompt"`` (0.26: num_prompt_tokens, 0.26
+    # single_type_kv_cache_manager.py:765-792) or of what a resend can hit, ``"resend"`` (0.32+:
+    # num_prompt_tokens - 1, the whole prompt in an EAGLE group; 0.32 :860-868).
     partial_tail_hashes: bool = True
+    partial_tail_limit: PartialTailLimit = "resend"
     # 0.23+: the blocks remove_skipped_blocks frees (a window's, a Mamba group's old states)
     # and a sliding-window group's whole table when its request is freed go to the free
     # queue's front where they carry no hash (0.23.0 single_type_kv_cache_manager.py:497-501,
@@ -156,9 +161,12 @@ class HybridRules:
     # Mamba "align" mode. ``mamba_split``: how the scheduler cuts prefill chunks so that
     # states land on block boundaries: ``"last_block"`` (0.19-0.23: align chunks, force one to
     # end at the prompt's last full block, a block earlier under EAGLE),
-    # ``"last_block_junction"`` (0.24: also end an admitted request's first chunk at the
+    # ``"last_block_junction"`` (0.24/0.25: also end an admitted request's first chunk at the
     # shared-prefix junction its lookup found, block-floored from the hit: "Marconi",
-    # scheduler.py:377-385, kv_cache_coordinator.py:729) or ``"checkpoint"`` (0.32+:
+    # scheduler.py:377-385, kv_cache_coordinator.py:729), ``"last_block_stops"`` (0.26: the
+    # last-block position and floor, then the earliest mandatory stop inside the chunk: the
+    # block grid after a mid-block start, the last block, the junction in any prefill chunk;
+    # 0.26 scheduler.py:355-423) or ``"checkpoint"`` (0.32+:
     # end-aligned chunks that also stop at the checkpoint position and, in any chunk, at the
     # junction). ``mamba_retire``: 0.32+ free old states past
     # null gaps and remember how far they got, and take at most the 1 (+ speculative) state
@@ -178,6 +186,10 @@ class HybridRules:
     # entry), ``"never"`` (0.19/0.22 have no such entry).
     mamba_tail_rekey: str = "unless_keyed"
     mamba_retire: bool = True
+    # 0.19-0.25 MambaManager.remove_skipped_blocks first steps the computed count back by
+    # num_speculative_blocks tokens (async drafts may be rejected; 0.25
+    # single_type_kv_cache_manager.py:1156); 0.26+ pass the processed tokens as they are.
+    mamba_skip_back_spec_blocks: bool = False
     mamba_eagle_margin: bool = False
     # Under sparse retention an EAGLE (drop) group also keeps the tail ending one of its
     # blocks before a shared-prefix junction (0.33: a sibling diverging right after the
@@ -570,8 +582,8 @@ class HybridKVCacheManager:
                 continue
             mamba_align = g.spec.kind == "mamba" and self.mamba_align
             computed = num_computed
-            if g.spec.kind == "mamba" and not self.rules.mamba_retire:
-                # 0.19/0.22: pretend every draft of the last step gets rejected (async).
+            if g.spec.kind == "mamba" and self.rules.mamba_skip_back_spec_blocks:
+                # 0.19-0.25: pretend every draft of the last step gets rejected (async).
                 computed = max(0, num_computed - self.num_speculative_blocks)
             skipped = g.num_skipped_tokens(computed)
             if skipped > 0:
@@ -693,7 +705,7 @@ class HybridKVCacheManager:
                 return 0
             # Frees: the blocks below the skipped tokens, newest first down to a null block
             # (past them from where the last call stopped, 0.32+ Mamba align).
-            computed = processed - (nsb if mamba and not self.rules.mamba_retire else 0)
+            computed = processed - (nsb if mamba and self.rules.mamba_skip_back_spec_blocks else 0)
             skipped = g.num_skipped_tokens(max(0, computed))
             if kind != "full_attention":
                 if align and self.rules.mamba_retire:
@@ -986,7 +998,9 @@ class HybridKVCacheManager:
         """The prompt-tail entry ``_cache_partial_tail`` makes with ``num_tokens`` cacheable:
         (block, key, boundary), or None."""
         H = self.hash_block_size
-        limit = req.num_prompt_tokens if g.use_eagle else req.num_prompt_tokens - 1
+        limit = req.num_prompt_tokens
+        if self.rules.partial_tail_limit == "resend" and not g.use_eagle:
+            limit -= 1
         boundary = min(limit // H, len(req.block_hashes)) * H
         if boundary == 0 or boundary > num_tokens or boundary % g.block_size == 0:
             return None
