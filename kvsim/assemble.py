@@ -101,7 +101,7 @@ def assemble_scheduler(sem: Semantics, params: SchedulerParams, spec: Drafting, 
     scheduler_block_size = lcm(*(g.block_size for g in kv_groups)) if kv_groups else block_size
     setup = derive_spec(spec, sem, enable_caching, scheduler_block_size,
                         kv_transfer=offload is not None or kv_transfer is not None)
-    pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
+    pool = BlockPool(num_gpu_blocks, enable_caching, sem.pool_unhashed_to_front(enable_caching))
     kv: KVManager
     if kv_groups:
         # vLLM's max_in_flight_tokens (0.32+), or max_num_batched_tokens before.

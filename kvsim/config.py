@@ -386,9 +386,11 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
             g.kind == "mamba" for g in groups) else "none"
     groups = e["kv_groups"]
     mamba = [g for g in groups or () if g.kind == "mamba"]
-    if mamba and e["enable_prefix_caching"] and sem.hybrid.mamba_split != "checkpoint":
-        # 0.19-0.31 round every prefill chunk down to the block: a block larger than a chunk
-        # can ever be means no prompt longer than one block is ever scheduled (vLLM stalls).
+    if mamba and e["enable_prefix_caching"] and sem.hybrid.mamba_split in (
+            "last_block", "last_block_junction", "last_block_stops"):
+        # 0.19-0.26 round every prefill chunk down to the block: a block larger than a chunk
+        # can ever be means no prompt longer than one block is ever scheduled (vLLM stalls;
+        # 0.26 asserts, config/vllm.py:2264-2273). 0.27+ advance by less than a block.
         b, limit = mamba[0].block_size, mnbt
         if e["long_prefill_token_threshold"] > 0:
             limit = min(limit, e["long_prefill_token_threshold"])
@@ -443,7 +445,7 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
     check_groups_for_release(f"{where}.kv_groups", groups, sem)
     e["prefix_cache_retention_interval"] = check_retention_interval(
         f"{where}.prefix_cache_retention_interval", e["prefix_cache_retention_interval"], sem,
-        groups)
+        groups, eagle=method in EAGLE_METHODS)
     return _build(EngineCfg, e)
 
 
@@ -527,11 +529,15 @@ def check_groups_for_release(where: str, groups, sem: Semantics) -> None:
 
 
 def check_retention_interval(where: str, value: int | str | None, sem: Semantics,
-                             groups) -> int | str:
+                             groups, eagle: bool = False) -> int | str:
     """The release's default when ``value`` is None, else ``value`` if vLLM accepts it
-    (kv_cache_coordinator.py _validate_prefix_cache_retention_interval, 0.32+)."""
+    (kv_cache_coordinator.py _validate_prefix_cache_retention_interval, 0.32+). ``eagle``:
+    an EAGLE-family drafter is on (0.29 defaults a Mamba hybrid with one to dense)."""
     if value is None:
         d = sem.default_prefix_cache_retention_interval
+        if sem.retention_dense_for_hybrid_eagle and eagle and any(
+                g.kind == "mamba" for g in groups or ()):
+            d = None
         return "dense" if d is None else d
     if isinstance(value, str):  # "dense", the only string the key takes
         return value

@@ -44,9 +44,10 @@ class LayoutRules:
     # alignment of 16, 64 for MLA) or "platform" (0.22+: at least the chosen block size, and
     # the backend's smallest kernel block).
     hybrid_align: Literal["model_config", "platform"]
-    # 0.32+: the raised block is also a multiple of every backend's smallest kernel block, and
-    # of 128 for MLA hybrids.
+    # 0.31+ (0.32 read): the raised block is also a multiple of every backend's smallest
+    # kernel block; 0.27+: of 128 for MLA hybrids (0.27 platforms/interface.py:883-888).
     hybrid_backend_alignment: bool
+    hybrid_mla_align_128: bool
     # 0.33: in align mode the raised block is a multiple of the Mamba layers' prefill
     # checkpoint alignment (GatedDeltaNet on FlashInfer's prefill kernel: 64).
     hybrid_checkpoint_alignment: bool
@@ -131,7 +132,7 @@ def _raise_hybrid_block(model: ModelCfg, rules: LayoutRules, block_size: int, at
     else:
         align = max(kernel_min, block_size)
     backend_align = kernel_min if rules.hybrid_backend_alignment else 1
-    if rules.hybrid_backend_alignment and model.attention_type == "mla":
+    if rules.hybrid_mla_align_128 and model.attention_type == "mla":
         align = max(align, 128)
     if mode == "align" and rules.hybrid_checkpoint_alignment:
         align = math.lcm(align, mamba_prefill_checkpoint_alignment(model, capability) or 1)

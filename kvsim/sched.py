@@ -445,18 +445,13 @@ class Scheduler:
         end = start + n
         split = self.sem.hybrid.mamba_split
         junction = req.shared_prefix_boundary
-        if split != "checkpoint":  # 0.19-0.26 Scheduler: the prompt's last full block
+        if split == "checkpoint":  # 0.32+: get_mamba_prefill_checkpoint_position
+            last = mamba_checkpoint_position(req.num_tokens, b, kv.eagle_drop, kv.hash_lookahead)
+        else:  # before: the prompt's last full block
             last = req.num_tokens - req.num_tokens % b
             if kv.eagle_drop:
                 last = max(last - b, 0)
-            if split == "last_block_stops":  # 0.26: then the mandatory stops, as below
-                if end < last:
-                    end = end // b * b
-                nxt = (start // b + 1) * b
-                stops = (nxt if start % b and nxt <= last else 0, last,
-                         start + (junction - start) // b * b if start < junction < end else 0)
-                end = min((s for s in stops if start < s < end), default=end)
-                return max(end - start, 0)
+        if split in ("last_block", "last_block_junction"):  # 0.19-0.25
             if end < last:
                 n = n // b * b
             elif start < last < end:
@@ -467,9 +462,9 @@ class Scheduler:
                     and junction and uncached >= b and n > uncached):
                 n = uncached // b * b
             return n
-        # 0.32+: get_mamba_prefill_checkpoint_position, then the mandatory stops; a chunk that
-        # reaches the prefill end and can export the checkpoint from inside need not stop there.
-        last = mamba_checkpoint_position(req.num_tokens, b, kv.eagle_drop, kv.hash_lookahead)
+        # 0.26+: floor the end to the block grid, then stop at the earliest mandatory position
+        # inside the chunk. 0.32+: a chunk that reaches the prefill end and can export the
+        # checkpoint from inside need not stop there.
         internal = (kv.mamba_checkpoint_alignment is not None and end >= prefill_end
                     and mamba_checkpoint_exportable(
                         start, end,
@@ -477,16 +472,21 @@ class Scheduler:
                         kv.hash_block_size, b, kv.mamba_checkpoint_alignment))
         if internal:
             last = 0
-        if end < prefill_end:
-            max_prefill = self.token_budget
-            if self.params.long_prefill_token_threshold > 0:
-                max_prefill = min(max_prefill, self.params.long_prefill_token_threshold)
-            aligned = end // b * b
-            if aligned > start or b <= max_prefill:
-                end = aligned
-        stops = ((start // b + 1) * b if start % b and not internal else 0,  # onto the block grid
-                 last,
-                 start + (junction - start) // b * b if start < junction < end else 0)
+        nxt = (start // b + 1) * b  # onto the block grid after a mid-block start
+        if split == "last_block_stops":  # 0.26: only before the last block
+            if end < last:
+                end = end // b * b
+            grid = nxt if start % b and nxt <= last else 0
+        else:  # 0.27+: anywhere before the prefill end, advancing by less than a block if it must
+            if end < prefill_end:
+                max_prefill = self.token_budget
+                if self.params.long_prefill_token_threshold > 0:
+                    max_prefill = min(max_prefill, self.params.long_prefill_token_threshold)
+                aligned = end // b * b
+                if aligned > start or b <= max_prefill:
+                    end = aligned
+            grid = nxt if start % b and not internal else 0
+        stops = (grid, last, start + (junction - start) // b * b if start < junction < end else 0)
         end = min((s for s in stops if start < s < end), default=end)
         return max(end - start, 0)
 
@@ -715,19 +715,17 @@ class Scheduler:
             n = 0 if load_async else req.num_tokens - computed
             padded = False
             pad = sem.pad_new_decode_to_spec_width
-            if pad == "running" and k and n == 1 and not prefill_scheduled and running_scheduled:
-                # 0.25: pad a one-token admission to a full 1 + k verify row (placeholder
-                # drafts) when running requests were scheduled, or schedule nothing more.
-                if 1 + k > request_budget or computed + 1 + k > p.max_model_len:
+            if (pad != "never" and k and n == 1 and not prefill_scheduled
+                    and (running_scheduled or (pad == "running_or_hit" and computed > 0))):
+                # Pad a one-token admission to a full 1 + k verify row (placeholder drafts)
+                # to keep the decode batch uniform: 0.25-0.28 end the pass rather than pass
+                # max_model_len; 0.29+ pad only if the row and the sampled token fit.
+                if pad == "running" and computed + 1 + k > p.max_model_len:
                     break
-                n, padded = 1 + k, True
-            elif (pad == "running_or_hit" and k and n == 1 and not prefill_scheduled
-                    and (running_scheduled or computed > 0) and computed + 1 + k + 1 <= p.max_model_len):
-                # 0.32+: also a prefix hit's admission, and only if the row and the sampled
-                # token fit max_model_len.
-                if 1 + k > request_budget:
-                    break  # rather not schedule than schedule it unpadded
-                n, padded = 1 + k, True
+                if pad == "running" or computed + 1 + k + 1 <= p.max_model_len:
+                    if 1 + k > request_budget:
+                        break  # rather not schedule than schedule it unpadded
+                    n, padded = 1 + k, True
             if 0 < threshold < n:
                 n = threshold
             if not load_async:

@@ -15,7 +15,8 @@ from kvsim.kv.hybrid import HybridRules
 from kvsim.layout import LayoutRules
 from kvsim.model import GiB
 
-PadNewDecode = Literal["never", "running", "running_or_hit"]
+PadNewDecode = Literal["never", "running", "running_fits", "running_or_hit"]
+FreeOrder = Literal["never", "with_caching", "always"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +61,12 @@ class OffloadRules:
 @dataclass(frozen=True, slots=True)
 class Semantics:
     version: str
-    # BlockPool.free_blocks: blocks without a hash (or all blocks with caching off) go to the
-    # *front* of the free queue (LIFO reuse); hashed blocks go to the tail (LRU eviction).
-    # Before 0.32 every freed block was appended to the tail.
-    free_unhashed_to_front: bool
+    # BlockPool.free_blocks: blocks without a hash (so all blocks with caching off) go to the
+    # *front* of the free queue (LIFO reuse), hashed blocks to the tail (LRU eviction):
+    # "always" (0.24+, block_pool.py:614-635); "with_caching" (0.27.x: with caching off every
+    # block is appended, 0.27 block_pool.py:733-742); "never" (before 0.24: all to the tail;
+    # 0.23's two prepending call sites are HybridRules.skipped_unhashed_to_front).
+    free_unhashed_to_front: FreeOrder
     # long_prefill_token_threshold applies only when more than one request is running or
     # waiting ("nobody to starve" otherwise); 0.32+.
     long_prefill_only_with_competition: bool
@@ -81,10 +84,11 @@ class Semantics:
     has_disable_eagle_block_drop: bool
     has_disable_lookahead_block_hashes: bool
     # Scheduler pads a newly admitted request with one token left to a 1 + k verify row of
-    # placeholder drafts: "never" (before 0.25); "running" (0.25: when running requests were
-    # scheduled in the step, and a row past max_model_len ends the waiting pass, 0.25
-    # scheduler.py:812-826); "running_or_hit" (0.32+: also after a prefix hit, left unpadded
-    # when the row and the sampled token pass max_model_len, 0.32 :1131-1153).
+    # placeholder drafts: "never" (before 0.25); "running" (0.25-0.28: when running requests
+    # were scheduled in the step, and a row past max_model_len ends the waiting pass, 0.25
+    # scheduler.py:812-826); "running_fits" (0.29: left unpadded when the row and the sampled
+    # token pass max_model_len, 0.29 :962-982); "running_or_hit" (0.30+: also after a prefix
+    # hit, 0.32 :1131-1153).
     pad_new_decode_to_spec_width: PadNewDecode
     # Rules of the hybrid (several KV groups) coordinator.
     hybrid: HybridRules
@@ -170,6 +174,9 @@ class Semantics:
     # field, default 0 (the variable deprecated); 0.30+ Field(default=0).
     has_prefix_cache_retention_interval: bool
     default_prefix_cache_retention_interval: int | None
+    # 0.29: left unset, the interval is dense for a Mamba hybrid with an EAGLE-family drafter
+    # (engine/arg_utils.py:2395-2407: the drop makes the one replay boundary unreachable).
+    retention_dense_for_hybrid_eagle: bool
     # MambaSpec.num_prefill_checkpoint_blocks / prefill_checkpoint_alignment (0.32+): Mamba2
     # and GDN layers export a checkpoint state from inside a prefill chunk
     # (Scheduler._mamba_block_aligned_split, MambaManager._needs_internal_checkpoint).
@@ -199,6 +206,11 @@ class Semantics:
             return 8192, 1024
         return 2048, 256
 
+    def pool_unhashed_to_front(self, enable_caching: bool) -> bool:
+        """Whether the block pool frees unhashed blocks to the queue's front."""
+        return self.free_unhashed_to_front == "always" or (
+            self.free_unhashed_to_front == "with_caching" and enable_caching)
+
     def default_async_scheduling(self, method: str) -> bool:
         """VllmConfig's async_scheduling default (None) for speculative ``method``."""
         return self.async_modelled and method not in self.async_default_off_methods
@@ -206,7 +218,7 @@ class Semantics:
 
 _V033 = Semantics(
     version="0.33.0",
-    free_unhashed_to_front=True,
+    free_unhashed_to_front="always",
     long_prefill_only_with_competition=True,
     default_gpu_memory_utilization=0.92,
     batch_tier_160gib=True,
@@ -236,8 +248,9 @@ _V033 = Semantics(
     batch_queue_fill_requires_execution=False,
     has_prefix_cache_retention_interval=True,
     default_prefix_cache_retention_interval=0,
+    retention_dense_for_hybrid_eagle=False,
     has_mamba_prefill_checkpoints=True,
-    layout=LayoutRules(hybrid_align="platform", hybrid_backend_alignment=True,
+    layout=LayoutRules(hybrid_align="platform", hybrid_backend_alignment=True, hybrid_mla_align_128=True,
                        hybrid_checkpoint_alignment=True, mamba_cache_modes=("align", "none")),
     dp=DPRules(score="inflight", rotate_start=True, dense_ranks_publish=True, sync_interval=16,
                sync_at_first_step=True),
@@ -252,14 +265,14 @@ _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 async_default_off_methods=("ngram",), async_publish_after_placeholders=True,
                 async_allows_ngram=False, batch_small_tier_on_gb10=False,
                 offload=OffloadRules(lru_request_ranks=False, restore_from_start=False))
-_V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tier_160gib=False,
+_V022 = replace(_V032, version="0.22.1", free_unhashed_to_front="never", batch_tier_160gib=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width="never",
                 hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False,
                                    partial_tail_hashes=False, cap_at_full_attention_hit=False,
                                    mamba_split="last_block", mamba_tail_rekey="never",
                                    mamba_retire=False, mamba_skip_back_spec_blocks=True,
-                                   skipped_unhashed_to_front=False,
+                                   mamba_noop_marks_allocated=False,
                                    mamba_eagle_margin=True),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
                 lookahead_on_admission=False, per_request_draft_slots=False,
@@ -272,6 +285,7 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front=False, batch_tie
                 default_prefix_cache_retention_interval=None,
                 has_mamba_prefill_checkpoints=False,
                 layout=LayoutRules(hybrid_align="platform", hybrid_backend_alignment=False,
+                                   hybrid_mla_align_128=False,
                                    hybrid_checkpoint_alignment=False,
                                    mamba_cache_modes=("all", "align", "none")),
                 dp=DPRules(score="waiting4", rotate_start=False, dense_ranks_publish=False,
@@ -283,8 +297,8 @@ _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                                    swa_eagle_scan="assert", partial_tail_hashes=False,
                                    cap_at_full_attention_hit=False, mamba_split="last_block",
                                    mamba_tail_rekey="never", mamba_retire=False,
-                                   mamba_skip_back_spec_blocks=True,
-                                   skipped_unhashed_to_front=False, mamba_eagle_margin=True),
+                                   mamba_skip_back_spec_blocks=True, mamba_eagle_margin=True,
+                                   mamba_noop_marks_allocated=False),
                 cached_tokens_until_first_token=False, rejects_nonpositive_scheduled_tokens=False,
                 layout=replace(_V022.layout, hybrid_align="model_config"))
 
@@ -309,8 +323,9 @@ _V023 = replace(_V022, version="0.23.0", lookahead_on_admission=True,
                 hybrid=replace(_V022.hybrid, writes="eagle_extra", skipped_unhashed_to_front=True))
 # 0.24.0: every free puts unhashed blocks at the queue's front (block_pool.py:614-635), and
 # an admission's first Mamba chunk stops at the shared-prefix junction (scheduler.py:377-385).
-_V024 = replace(_V023, version="0.24.0", free_unhashed_to_front=True,
-                hybrid=replace(_V023.hybrid, mamba_split="last_block_junction"))
+_V024 = replace(_V023, version="0.24.0", free_unhashed_to_front="always",
+                hybrid=replace(_V023.hybrid, mamba_split="last_block_junction",
+                               skipped_unhashed_to_front=False))
 # 0.25.0: the DP client's scan start moves on after every balanced pick (core_client.py
 # :1437-1442), and a one-token admission is padded to a verify row when running requests were
 # scheduled (scheduler.py:812-826).
@@ -329,6 +344,39 @@ _V026 = replace(_V025, version="0.26.0", cached_tokens_until_first_token=False,
                                mamba_eagle_margin=False, partial_tail_hashes=True,
                                partial_tail_limit="prompt", mamba_split="last_block_stops",
                                mamba_skip_back_spec_blocks=False))
+# 0.27.0: prefix-cache stats at admission (kv_cache_manager.py:218-227, scheduler.py
+# :1016-1020); preempting a request with outputs in flight marks them stale
+# (scheduler.py:1274-1313); the DP client scores in-flight requests and dense ranks publish
+# their counts (core_client.py:1484-1504, engine/core.py:1377-1399); with caching off every
+# freed block is appended (block_pool.py:733-742); the Mamba split floors any chunk ending
+# before the prefill end (scheduler.py:362-440); MLA hybrids align to 128
+# (platforms/interface.py:883-888).
+_V027 = replace(_V026, version="0.27.0", prefix_stats_at_admission=True,
+                stale_outputs_on_preempt=True, free_unhashed_to_front="with_caching",
+                dp=replace(_V026.dp, score="inflight", dense_ranks_publish=True),
+                hybrid=replace(_V026.hybrid, mamba_split="prefill_end_stops"),
+                layout=replace(_V026.layout, hybrid_mla_align_128=True))
+# 0.28.0: the 160 GiB batch tier (engine/arg_utils.py:2582-2601); draft slots charged per
+# scheduled request (config/vllm.py:1839-1876, scheduler.py:497-499); a priority victim before
+# the current request moves the index back (scheduler.py:644-657); the multi-module MTP
+# prefill look-ahead (scheduler.py:246-271, 455-474); draft models keep async scheduling on
+# (config/vllm.py:1201); with caching off freed blocks go to the front again
+# (block_pool.py:733-743); a no-op Mamba allocation marks the request allocated
+# (single_type_kv_cache_manager.py:1574-1578).
+_V028 = replace(_V027, version="0.28.0", batch_tier_160gib=True, per_request_draft_slots=True,
+                priority_victim_before_index_reindexes=True, has_prefill_lookahead=True,
+                async_default_off_methods=("ngram",), free_unhashed_to_front="always",
+                hybrid=replace(_V027.hybrid, mamba_noop_marks_allocated=True))
+# 0.29.0: the retention interval is a CacheConfig field, default 0, but dense for a Mamba
+# hybrid with an EAGLE-family drafter (config/cache.py:60-66, engine/arg_utils.py:2395-2407),
+# and a retained tail ends at num_prompt_tokens - 1 alone (single_type_kv_cache_manager.py
+# :459); every full-attention group is trimmed to the hit; a one-token admission beside
+# running requests is padded only if the row fits max_model_len (scheduler.py:962-982).
+_V029 = replace(_V028, version="0.29.0", pad_new_decode_to_spec_width="running_fits",
+                has_prefix_cache_retention_interval=True,
+                default_prefix_cache_retention_interval=0, retention_dense_for_hybrid_eagle=True,
+                hybrid=replace(_V028.hybrid, trim_all_full_groups=True, junction_eagle_tail=False,
+                               replay_boundaries_eagle=False))
 
 VERSIONS: dict[str, Semantics] = {
     "0.19.0": _V019,
@@ -341,6 +389,9 @@ VERSIONS: dict[str, Semantics] = {
     "0.24.0": _V024,
     "0.25.0": _V025,
     "0.26.0": _V026,
+    "0.27.0": _V027,
+    "0.28.0": _V028,
+    "0.29.0": _V029,
     "0.32.0": _V032,
     "0.33.0": _V033,
 }

@@ -56,7 +56,7 @@ def make_request(req_id: str, tokens, max_tokens: int = 1, priority: int = 0,
 def make_manager(num_gpu_blocks: int, block_size: int, max_model_len: int = 1 << 20,
                  enable_caching: bool = True, version: str = "0.33.0") -> KVCacheManager:
     sem = VERSIONS[version]
-    pool = BlockPool(num_gpu_blocks, enable_caching, sem.free_unhashed_to_front)
+    pool = BlockPool(num_gpu_blocks, enable_caching, sem.pool_unhashed_to_front(enable_caching))
     return KVCacheManager(pool, block_size, max_model_len, enable_caching)
 
 

@@ -264,7 +264,7 @@ def _mamba_manager(version, eagle_drop):
     from kvsim.kv.pool import BlockPool
     from kvsim.semantics import VERSIONS
     sem = VERSIONS[version]
-    pool = BlockPool(64, True, sem.free_unhashed_to_front)
+    pool = BlockPool(64, True, sem.pool_unhashed_to_front(True))
     groups = [GroupSpec(g["kind"], g["block_size"]) for g in MAMBA_H3]
     return HybridKVCacheManager(pool, groups, 1024, True, eagle_family=eagle_drop,
                                 eagle_drop=eagle_drop, rules=sem.hybrid)

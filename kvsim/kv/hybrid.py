@@ -84,7 +84,8 @@ def mamba_checkpoint_exportable(query_start: int, query_end: int, checkpoint: in
 
 GroupKind = Literal["full_attention", "sliding_window", "mamba"]
 SwaEagleScan = Literal["assert", "pre_pop", "post_pop"]
-MambaSplit = Literal["last_block", "last_block_junction", "last_block_stops", "checkpoint"]
+MambaSplit = Literal["last_block", "last_block_junction", "last_block_stops", "prefill_end_stops",
+                     "checkpoint"]
 PartialTailLimit = Literal["prompt", "resend"]
 
 
@@ -152,12 +153,12 @@ class HybridRules:
     # num_prompt_tokens - 1, the whole prompt in an EAGLE group; 0.32 :860-868).
     partial_tail_hashes: bool = True
     partial_tail_limit: PartialTailLimit = "resend"
-    # 0.23+: the blocks remove_skipped_blocks frees (a window's, a Mamba group's old states)
-    # and a sliding-window group's whole table when its request is freed go to the free
-    # queue's front where they carry no hash (0.23.0 single_type_kv_cache_manager.py:497-501,
-    # 751-765: ``free_blocks(..., prepend=True)``; from 0.24 every free does,
-    # ``Semantics.free_unhashed_to_front``). Before, to the tail.
-    skipped_unhashed_to_front: bool = True
+    # 0.23 only: the blocks remove_skipped_blocks frees (a window's, a Mamba group's old
+    # states) and a sliding-window group's whole table when its request is freed go to the
+    # free queue's front where they carry no hash (0.23.0 single_type_kv_cache_manager.py
+    # :497-501, 751-765: ``free_blocks(..., prepend=True)``). From 0.24 the pool's own rule
+    # decides for every free (``Semantics.free_unhashed_to_front``).
+    skipped_unhashed_to_front: bool = False
     # Mamba "align" mode. ``mamba_split``: how the scheduler cuts prefill chunks so that
     # states land on block boundaries: ``"last_block"`` (0.19-0.23: align chunks, force one to
     # end at the prompt's last full block, a block earlier under EAGLE),
@@ -166,9 +167,11 @@ class HybridRules:
     # scheduler.py:377-385, kv_cache_coordinator.py:729), ``"last_block_stops"`` (0.26: the
     # last-block position and floor, then the earliest mandatory stop inside the chunk: the
     # block grid after a mid-block start, the last block, the junction in any prefill chunk;
-    # 0.26 scheduler.py:355-423) or ``"checkpoint"`` (0.32+:
-    # end-aligned chunks that also stop at the checkpoint position and, in any chunk, at the
-    # junction). ``mamba_retire``: 0.32+ free old states past
+    # 0.26 scheduler.py:355-423), ``"prefill_end_stops"`` (0.27: the same stops, the end
+    # floored whenever it is before the prefill end, by less than a block when a block is
+    # more than a chunk; 0.27 scheduler.py:362-440) or ``"checkpoint"`` (0.32+: the same with
+    # the checkpoint position, get_mamba_prefill_checkpoint_position, instead of the last
+    # block, and checkpoints exported from inside a chunk). ``mamba_retire``: 0.32+ free old states past
     # null gaps and remember how far they got, and take at most the 1 (+ speculative) state
     # blocks a step needs (min with what is missing); 0.19/0.22 stop at the first null block,
     # first step the computed count back by num_speculative_blocks tokens, and always count
@@ -190,11 +193,19 @@ class HybridRules:
     # num_speculative_blocks tokens (async drafts may be rejected; 0.25
     # single_type_kv_cache_manager.py:1156); 0.26+ pass the processed tokens as they are.
     mamba_skip_back_spec_blocks: bool = False
+    # 0.28+: an align-mode allocation that needs no new block marks the request allocated all
+    # the same (0.28 single_type_kv_cache_manager.py:1574-1578), so later steps move its
+    # speculative blocks instead of taking new ones.
+    mamba_noop_marks_allocated: bool = True
     mamba_eagle_margin: bool = False
     # Under sparse retention an EAGLE (drop) group also keeps the tail ending one of its
     # blocks before a shared-prefix junction (0.33: a sibling diverging right after the
     # junction has no peek block there); 0.32 keeps only the junction's.
     junction_eagle_tail: bool = True
+    # Under sparse retention an EAGLE (drop) layout keeps the tails of both prompt positions
+    # a replay can resume at (0.30+, kv_cache_coordinator.py replay_boundaries); 0.29 only
+    # that of num_prompt_tokens - 1 (0.29 single_type_kv_cache_manager.py:459).
+    replay_boundaries_eagle: bool = True
 
 
 class _Group:
@@ -774,7 +785,7 @@ class HybridKVCacheManager:
         required = cdiv(main_tokens, g.block_size) + nsb
         checkpoint = 1 if req_id in g.checkpoints else 0  # its column gets a block, not null
         if required <= len(table) and not checkpoint:
-            if self.rules.mamba_retire:
+            if self.rules.mamba_noop_marks_allocated:
                 g.allocated.add(req_id)
             return []
         prev = len(table)
@@ -817,7 +828,8 @@ class HybridKVCacheManager:
         """Token positions whose hit tail a sparse-retention group keeps: the prompt's replay
         boundaries and the shared-prefix junction its lookup found (SingleTypeKVCacheManager.
         cache_blocks, 0.32+)."""
-        out = list(replay_boundaries(req.num_prompt_tokens, self.block_size, self.replay_eagle_drop))
+        out = list(replay_boundaries(req.num_prompt_tokens, self.block_size,
+                                     self.replay_eagle_drop and self.rules.replay_boundaries_eagle))
         junction = req.shared_prefix_boundary
         if junction:
             out.append(junction)

@@ -24,7 +24,7 @@ from kvsim.request import ExplicitTokens, KVTransferParams, Request, RequestSpec
 from kvsim.sched import PrefixCacheStats, Scheduler, SchedulerParams
 from kvsim.schema import vllm_retention
 from kvsim.semantics import semantics_for
-from kvsim.specdec import Drafting
+from kvsim.specdec import EAGLE_METHODS, Drafting
 
 ENGINE_DEFAULTS = {
     "block_size": 16, "num_gpu_blocks": 64, "enable_prefix_caching": True,
@@ -66,7 +66,7 @@ def build(engine: dict, version: str) -> Scheduler:
         async_scheduling=bool(e.get("async_scheduling", False)))
     retention = check_retention_interval(
         "engine.prefix_cache_retention_interval", e.get("prefix_cache_retention_interval"), sem,
-        groups)
+        groups, eagle=(e.get("speculative") or {}).get("method") in EAGLE_METHODS)
     off = e.get("kv_offloading")
     offload = None if off is None else OffloadParams(
         num_chunks=int(off["cpu_chunks"]), blocks_per_chunk=int(off.get("blocks_per_chunk", 1)),

@@ -242,6 +242,7 @@ ENGINE_OPTIONAL = (
 # kvsim.specdec's methods but "none" (this driver runs in vLLM's environment, without kvsim;
 # tests/test_specdec.py checks the two lists agree).
 SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
+EAGLE_FAMILY = ("eagle", "eagle3", "mtp")  # SpeculativeConfig.use_eagle()
 SPEC_FLAGS = (
     "disable_eagle_block_drop",
     "disable_lookahead_block_hashes",
@@ -462,6 +463,18 @@ def _annotates_eagle_groups(spec_config) -> bool:
     return bool(spec_config.use_eagle())
 
 
+def _extra_retained_tokens(vllm_config) -> int:
+    """A sliding window's extra_retained_tokens as the release's planner tags it: 0.31+
+    num_prefill_lookahead_tokens - 1; 0.28-0.30 num_speculative_tokens - 1 under
+    use_multi_module_mtp() (0.28 v1/core/kv_cache_utils.py:2135-2147); none before."""
+    if hasattr(type(vllm_config), "num_prefill_lookahead_tokens"):
+        return max(0, int(vllm_config.num_prefill_lookahead_tokens) - 1)
+    sc = vllm_config.speculative_config
+    if sc is not None and getattr(sc, "use_multi_module_mtp", lambda: False)():
+        return int(sc.num_speculative_tokens) - 1
+    return 0
+
+
 def _group_spec(g: dict, vllm_config, warnings: list[str], page_tokens: int):
     """One group's spec. Every group gets the same page size, as a real hybrid
     model's do (vLLM's planner unifies them, sizing Mamba pages up with
@@ -485,7 +498,7 @@ def _group_spec(g: dict, vllm_config, warnings: list[str], page_tokens: int):
             dtype=torch.float32,
             sliding_window=int(g["sliding_window"]),
         )
-        extra = max(0, int(getattr(vllm_config, "num_prefill_lookahead_tokens", 0)) - 1)
+        extra = _extra_retained_tokens(vllm_config)
         if extra:
             kw["extra_retained_tokens"] = extra
         spec = _call_filtered(kvi.SlidingWindowSpec, kw, dropped, "SlidingWindowSpec")
@@ -562,6 +575,13 @@ SCHEDULER_FIELDS_SET = {
 _ENGINE_DEFAULT_GAPS: list[str] | None = None
 
 
+def _engine_args():
+    """EngineArgs as `vllm serve` starts from them, for the driver's model."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=_model_dir(), skip_tokenizer_init=True)
+
+
 def engine_default_gaps() -> list[str]:
     """The CacheConfig / SchedulerConfig fields whose EngineArgs default (what `vllm
     serve` and LLM(...) start from) differs from the class default the driver leaves
@@ -570,9 +590,8 @@ def engine_default_gaps() -> list[str]:
     one: None by hand, 0 from the planner), so any gap stops the driver."""
     global _ENGINE_DEFAULT_GAPS
     if _ENGINE_DEFAULT_GAPS is None:
-        from vllm.engine.arg_utils import EngineArgs
 
-        args = EngineArgs(model=_model_dir(), skip_tokenizer_init=True)
+        args = _engine_args()
         gaps = []
         for cls, done in ((CacheConfig, CACHE_FIELDS_SET), (SchedulerConfig, SCHEDULER_FIELDS_SET)):
             for f in dataclasses.fields(cls):
@@ -587,6 +606,8 @@ def engine_default_gaps() -> list[str]:
                 if default is dataclasses.MISSING:
                     continue
                 value = getattr(args, f.name)
+                if type(value).__name__ == "_UnsetType":
+                    continue  # resolved by the engine; the driver resolves it the same way
                 if value != default:
                     gaps.append(f"{cls.__name__}.{f.name}: EngineArgs {value!r}, class {default!r}")
         _ENGINE_DEFAULT_GAPS = gaps
@@ -673,6 +694,12 @@ def build_scheduler(engine: dict):
             )
         else:
             cache_kwargs["prefix_cache_retention_interval"] = int(retention)
+    elif mamba_groups and spec_in is not None and spec_in["method"] in EAGLE_FAMILY and (
+            type(getattr(_engine_args(), "prefix_cache_retention_interval", None)).__name__
+            == "_UnsetType"):
+        # 0.29's EngineArgs: left unset, a Mamba hybrid with an EAGLE-family drafter gets
+        # dense checkpoints (engine/arg_utils.py:2395-2407; the driver's model is not hybrid).
+        cache_kwargs["prefix_cache_retention_interval"] = None
     if offload is not None:
         if "kv_offloading_size" not in {f.name for f in dataclasses.fields(CacheConfig)}:
             raise ValueError("engine.kv_offloading: this vLLM has no kv_offloading_size")
