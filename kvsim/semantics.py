@@ -271,7 +271,8 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front="never", batch_t
                 hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False,
                                    partial_tail_hashes=False, cap_at_full_attention_hit=False,
                                    mamba_split="last_block", mamba_tail_rekey="never",
-                                   mamba_retire=False, mamba_skip_back_spec_blocks=True,
+                                   mamba_retire=False, mamba_min_cap=False,
+                                   mamba_skip_back_spec_blocks=True,
                                    mamba_noop_marks_allocated=False,
                                    mamba_eagle_margin=True),
                 prefix_stats_at_admission=False, cached_tokens_until_first_token=True,
@@ -297,7 +298,8 @@ _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
                                    swa_eagle_scan="assert", partial_tail_hashes=False,
                                    cap_at_full_attention_hit=False, mamba_split="last_block",
                                    mamba_tail_rekey="never", mamba_retire=False,
-                                   mamba_skip_back_spec_blocks=True, mamba_eagle_margin=True,
+                                   mamba_min_cap=False, mamba_skip_back_spec_blocks=True,
+                                   mamba_eagle_margin=True,
                                    mamba_noop_marks_allocated=False),
                 cached_tokens_until_first_token=False, rejects_nonpositive_scheduled_tokens=False,
                 layout=replace(_V022.layout, hybrid_align="model_config"))
@@ -377,6 +379,22 @@ _V029 = replace(_V028, version="0.29.0", pad_new_decode_to_spec_width="running_f
                 default_prefix_cache_retention_interval=0, retention_dense_for_hybrid_eagle=True,
                 hybrid=replace(_V028.hybrid, trim_all_full_groups=True, junction_eagle_tail=False,
                                replay_boundaries_eagle=False))
+# 0.30.0: disable_eagle_block_drop (config/speculative.py); MoE DP waves all-reduce every
+# 16 steps and at a wave's first (engine/core.py); a one-token admission padded after a
+# prefix hit too (scheduler.py:1045-1064); retained tails at both replay boundaries under the
+# EAGLE drop (kv_cache_coordinator.py:314-333); old Mamba states retired past null gaps
+# (single_type_kv_cache_manager.py:1625-1644).
+_V030 = replace(_V029, version="0.30.0", has_disable_eagle_block_drop=True,
+                retention_dense_for_hybrid_eagle=False,
+                pad_new_decode_to_spec_width="running_or_hit",
+                dp=replace(_V029.dp, sync_interval=16, sync_at_first_step=True),
+                hybrid=replace(_V029.hybrid, replay_boundaries_eagle=True, mamba_retire=True))
+# 0.31.0: long_prefill_token_threshold only with competition (scheduler.py); a Mamba
+# allocation takes at most what is missing (single_type_kv_cache_manager.py:1805-1811). Its
+# offloading connector and NixlConnector are not reproduced (0.31's async-load reservation and
+# P/D backoff differ from 0.32's): offload and P/D scenarios are refused.
+_V031 = replace(_V030, version="0.31.0", long_prefill_only_with_competition=True,
+                hybrid=replace(_V030.hybrid, mamba_min_cap=True))
 
 VERSIONS: dict[str, Semantics] = {
     "0.19.0": _V019,
@@ -392,6 +410,8 @@ VERSIONS: dict[str, Semantics] = {
     "0.27.0": _V027,
     "0.28.0": _V028,
     "0.29.0": _V029,
+    "0.30.0": _V030,
+    "0.31.0": _V031,
     "0.32.0": _V032,
     "0.33.0": _V033,
 }

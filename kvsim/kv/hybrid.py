@@ -171,11 +171,12 @@ class HybridRules:
     # floored whenever it is before the prefill end, by less than a block when a block is
     # more than a chunk; 0.27 scheduler.py:362-440) or ``"checkpoint"`` (0.32+: the same with
     # the checkpoint position, get_mamba_prefill_checkpoint_position, instead of the last
-    # block, and checkpoints exported from inside a chunk). ``mamba_retire``: 0.32+ free old states past
-    # null gaps and remember how far they got, and take at most the 1 (+ speculative) state
-    # blocks a step needs (min with what is missing); 0.19/0.22 stop at the first null block,
-    # first step the computed count back by num_speculative_blocks tokens, and always count
-    # that cap (the 0.32 MambaManager rewrite changed all three together).
+    # block, and checkpoints exported from inside a chunk). ``mamba_retire``: 0.30+ free old states past
+    # null gaps and remember how far they got (0.30 single_type_kv_cache_manager.py
+    # :1625-1644); before, stop at the first null block. ``mamba_min_cap``: 0.31+ take at
+    # most the 1 (+ speculative) state blocks a step needs, min with what is missing (0.31
+    # :1805-1811); before, always count that cap. (The count stepped back and the no-op
+    # allocation are the two fields after ``mamba_tail_rekey``.)
     # ``mamba_eagle_margin``: an EAGLE-flagged Mamba group is looked up one block past the
     # candidate (0.19/0.22; its finder never drops, so the hit can grow back).
     # On later passes the (downward-closed) full-attention group caps the candidate at its
@@ -189,6 +190,7 @@ class HybridRules:
     # entry), ``"never"`` (0.19/0.22 have no such entry).
     mamba_tail_rekey: str = "unless_keyed"
     mamba_retire: bool = True
+    mamba_min_cap: bool = True
     # 0.19-0.25 MambaManager.remove_skipped_blocks first steps the computed count back by
     # num_speculative_blocks tokens (async drafts may be rejected; 0.25
     # single_type_kv_cache_manager.py:1156); 0.26+ pass the processed tokens as they are.
@@ -536,7 +538,7 @@ class HybridKVCacheManager:
                 g.checkpoints.pop(req_id, None)
         if num_new > 0:
             cap = (1 if req_id in g.allocated else 1 + nsb) + (checkpoint > 0)
-            num_new = min(num_new, cap) if self.rules.mamba_retire else cap
+            num_new = min(num_new, cap) if self.rules.mamba_min_cap else cap
         return num_new + self._num_evictable(hit)
 
     def _needs_internal_checkpoint(self, g: _Group, req_id: str, query_start: int, query_end: int,
