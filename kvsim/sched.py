@@ -266,7 +266,7 @@ class SteadyDecodes(Protocol):
 
 def reserved_token_budget(sem: Semantics, max_num_batched_tokens: int, max_num_seqs: int,
                           draft_slots: int, where: str = "engine.max_num_batched_tokens") -> int:
-    """Before 0.32 (``per_request_draft_slots`` off) the scheduler's token budget is what is
+    """Before 0.28 (``per_request_draft_slots`` off) the scheduler's token budget is what is
     left after reserving the draft slots of ``max_num_seqs`` requests
     (VllmConfig._set_max_num_scheduled_tokens). 0.20+ refuse a budget left at 0 or below
     (ConfigError at ``where``); 0.19 falls back to the full budget on exactly 0 (it tests the
@@ -844,7 +844,7 @@ class Scheduler:
         req.num_draft_tokens = 0
         if self.sem.stale_outputs_on_preempt:
             # Async: outputs in flight become stale; their placeholders go (0.32
-            # scheduler.py:1596-1606). Before 0.32 the placeholders stay and the late output is
+            # scheduler.py:1596-1606; 0.27+). Before, the placeholders stay and the late output is
             # applied like any other (0.19 scheduler.py:956-976).
             # A producer's hand-off must not come from a preempted run: its in-flight
             # output is dropped, not delivered (0.32+ requires_kv_delivery).

@@ -30,15 +30,15 @@ class DPRules:
     # "inflight": max(client_count × in-flight, waiting + running), plus waiting × 6 ×
     # max(0, kv_usage − 0.5) when requests wait (0.32 :1671-1679, 0.33 :1786-1794).
     score: Literal["waiting4", "inflight"]
-    # The scan's start rank moves on by one after every balanced pick (0.32+), so ties
+    # The scan's start rank moves on by one after every balanced pick (0.25+), so ties
     # alternate; before, it stays at the client's own start.
     rotate_start: bool
-    # A dense model's ranks publish their counts too (0.32+: EngineCoreProc before and after
+    # A dense model's ranks publish their counts too (0.27+: EngineCoreProc before and after
     # each step); before, only MoE ranks (DPEngineCoreProc) did, and the coordinator repeats
     # all-zero counts every 5 s.
     dense_ranks_publish: bool
     # MoE waves: the all-reduce of "any rank has unfinished requests" runs every this many
-    # loop steps (0.19/0.22: 32; 0.32+: ParallelConfig.dp_sync_interval, 16), and also at a
+    # loop steps (0.19-0.29: 32; 0.30+: ParallelConfig.dp_sync_interval, 16), and also at a
     # wave's first step from 0.32.
     sync_interval: int
     sync_at_first_step: bool
@@ -68,13 +68,13 @@ class Semantics:
     # 0.23's two prepending call sites are HybridRules.skipped_unhashed_to_front).
     free_unhashed_to_front: FreeOrder
     # long_prefill_token_threshold applies only when more than one request is running or
-    # waiting ("nobody to starve" otherwise); 0.32+.
+    # waiting ("nobody to starve" otherwise); 0.31+.
     long_prefill_only_with_competition: bool
     # Default gpu_memory_utilization (vllm/config/cache.py).
     default_gpu_memory_utilization: float
     # `vllm serve`'s max_num_batched_tokens / max_num_seqs defaults by device
     # (EngineArgs.get_batch_defaults, engine/arg_utils.py): a tier for devices of 160 GiB and
-    # more (0.32+), and GB10 (DGX Spark, capability 12.1) kept on the small tier (0.33).
+    # more (0.28+), and GB10 (DGX Spark, capability 12.1) kept on the small tier (0.33).
     batch_tier_160gib: bool
     batch_small_tier_on_gb10: bool
     # How EAGLE-family drafters (eagle, eagle3, mtp) keep prefix hits safe by default:
@@ -96,21 +96,21 @@ class Semantics:
     # requests after it still be scheduled in that step (0.33); before, the pass ended.
     priority_self_preempt_continues: bool
     # Priority policy: removing a victim that sits before the current running request moves
-    # the loop index back (0.32 scheduler.py:810-812); before, only a victim scheduled in this
+    # the loop index back (0.28+; 0.32 scheduler.py:810-812); before, only a victim scheduled in this
     # step did (0.19 scheduler.py:480-498, 0.22 :461-479), so removing one skipped in this
     # step (async: its step in flight already reaches max_tokens) shifts the list and the
     # request after the current one is passed over.
     priority_victim_before_index_reindexes: bool
-    # Prefix-cache stats are recorded when a waiting request is admitted (0.32+); before, at
+    # Prefix-cache stats are recorded when a waiting request is admitted (0.27+); before, at
     # every lookup, so a request held back by the admission gate is counted every step.
     prefix_stats_at_admission: bool
     # num_cached_tokens is overwritten by every lookup until the first output token (0.22),
     # instead of being the hit of the request's first admission.
     cached_tokens_until_first_token: bool
-    # Admissions allocate the speculative lookahead slots too (0.32+); before, only running
+    # Admissions allocate the speculative lookahead slots too (0.23+); before, only running
     # requests did.
     lookahead_on_admission: bool
-    # Draft-model input slots: taken per scheduled request from the input budget (0.32+), or
+    # Draft-model input slots: taken per scheduled request from the input budget (0.28+), or
     # reserved up front as max_num_batched_tokens - slots × max_num_seqs.
     per_request_draft_slots: bool
     # VllmConfig._set_max_num_scheduled_tokens refuses a configuration whose draft slots leave
@@ -123,7 +123,7 @@ class Semantics:
     # request's next allocation.
     cache_after_verify: bool
     # The multi-module MTP prefill look-ahead (never ending a chunk inside it, not caching its
-    # last k - 1 tokens) exists (0.32+).
+    # last k - 1 tokens) exists (0.28+).
     has_prefill_lookahead: bool
     # A waiting request whose chunk rounds to 0 is skipped rather than ending the pass (0.33).
     skip_zero_chunk_admission: bool
@@ -142,7 +142,7 @@ class Semantics:
     # vLLM accepts ngram drafting with asynchronous scheduling (0.33); before, it refuses it
     # and its default turns asynchronous scheduling off for ngram.
     async_allows_ngram: bool
-    # vLLM tracks Request.num_in_flight_tokens (0.32+): windows are freed only behind the
+    # vLLM tracks Request.num_in_flight_tokens (0.26+): windows are freed only behind the
     # processed tokens (remove_skipped_blocks gets computed - in flight), and preempting a
     # request with outputs in flight zeroes its placeholders and marks those outputs stale
     # (delivered, but changing no counter; the request waits for them before re-admission).
@@ -153,14 +153,14 @@ class Semantics:
     # The preemption half of the above (0.27+; 0.26 frees windows behind the processed tokens
     # but still preempts the old way, 0.26 scheduler.py:1212-1234).
     stale_outputs_on_preempt: bool
-    # VllmConfig.max_in_flight_tokens (max_concurrent_batches × max_num_batched_tokens, 0.32+)
+    # VllmConfig.max_in_flight_tokens (max_concurrent_batches × max_num_batched_tokens, 0.26+)
     # bounds a sliding window's blocks in the admission cap and the start-up pool check;
     # before, max_num_batched_tokens did (0.22 v1/kv_cache_interface.py:463-492).
     has_max_in_flight_tokens: bool
     # EngineCore.step_with_batch_queue schedules the next batch before processing the oldest
     # only when this one executed (0.19 engine/core.py:477-483, 0.22 :525-531: "model_executed
     # and ... not batch_queue[-1][0].done()"; kvsim, like the oracle driver, takes the oldest
-    # batch as still running, the GPU-busy order); 0.32+ also when nothing executed but the
+    # batch as still running, the GPU-busy order); 0.23+ also when nothing executed but the
     # scheduler has requests (0.32 :753-758).
     batch_queue_fill_requires_execution: bool
     # CacheConfig.prefix_cache_retention_interval (vllm/config/cache.py; the planner copies it
@@ -191,7 +191,7 @@ class Semantics:
     # Native CPU offloading as kvsim reproduces it; None: not reproduced for this release.
     offload: OffloadRules | None
     # Prefill/decode disaggregation with NixlConnector's pull scheduler as kvsim reproduces
-    # it (0.32+: nixl/{base,pull}_scheduler.py, the prefill backoff).
+    # it (0.32+: nixl/{base,pull}_scheduler.py, the prefill backoff; 0.31's differs).
     nixl_pd: bool
 
     def serve_batch_defaults(self, memory_bytes: int, device_name: str,

@@ -15,6 +15,7 @@ from kvsim.config import parse_scenario
 from kvsim.errors import ConfigError
 from kvsim.kv.hashing import BlockHasher
 from kvsim.request import ExplicitTokens, RequestSpec
+from kvsim.semantics import VERSIONS
 from kvsim.workload import build_requests
 from tests.builders import make_request, synthetic_layer_profile
 
@@ -381,7 +382,7 @@ def lazy_cases(draw):
     if not chunked:
         budget = max(budget, mml)
     engine_keys = {
-        "vllm_version": draw(st.sampled_from(["0.19.0", "0.22.1", "0.32.0", "0.33.0"])),
+        "vllm_version": draw(st.sampled_from(sorted(VERSIONS))),
         "num_gpu_blocks": draw(st.integers(min_blocks, min_blocks + 120)), "block_size": block_size,
         "max_model_len": mml, "max_num_batched_tokens": budget,
         "max_num_seqs": min(draw(st.integers(1, 24)), budget),

@@ -243,6 +243,21 @@ def test_retention_default_per_release():
                "engine": {"vllm_version": version, "num_gpu_blocks": 10000, "max_model_len": 4096}}
         return parse_scenario(raw).engine.prefix_cache_retention_interval
     assert [resolved(v) for v in ("0.19.0", "0.22.1", "0.32.0", "0.33.0")] == ["dense", "dense", 0, 0]
+    # 0.23-0.28 only an environment variable (unset: dense); 0.29 the CacheConfig field, 0.
+    assert [resolved(v) for v in ("0.23.0", "0.28.0", "0.29.0", "0.31.0")] == ["dense", "dense", 0, 0]
+
+
+@pytest.mark.parametrize("version, spec, expected", [
+    # 0.29's EngineArgs: left unset, a Mamba hybrid with an EAGLE-family drafter gets dense
+    # checkpoints (engine/arg_utils.py:2395-2407); without a drafter, or from 0.30, 0.
+    ("0.29.0", MTP, "dense"), ("0.29.0", {"method": "none"}, 0), ("0.29.0", {"method": "ngram",
+     "num_speculative_tokens": 2}, 0), ("0.30.0", MTP, 0),
+])
+def test_retention_default_of_a_mamba_hybrid_with_eagle(version, spec, expected):
+    raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"}, "speculative": spec,
+           "engine": {"vllm_version": version, "num_gpu_blocks": 400, "max_model_len": 1024,
+                      "max_num_batched_tokens": 2048, "max_num_seqs": 8, "kv_groups": MAMBA_H3}}
+    assert parse_scenario(raw).engine.prefix_cache_retention_interval == expected
 
 
 @pytest.mark.parametrize("version, expected", [("0.22.1", 64), ("0.32.0", 80)])

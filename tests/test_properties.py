@@ -3,6 +3,7 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvsim.semantics import VERSIONS
 from tests.builders import make_request, make_scheduler, step
 
 
@@ -69,8 +70,7 @@ def test_invariants_hold_after_every_step(case):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10**6), st.booleans(), st.booleans(),
-       st.sampled_from(["0.19.0", "0.22.1", "0.32.0", "0.33.0", "0.19.0-async", "0.22.1-async",
-                        "0.33.0-async"]))
+       st.sampled_from([*VERSIONS, *(f"{v}-async" for v in VERSIONS)]))
 def test_invariants_with_spec_decoding_and_hybrid_groups(seed, spec, hybrid, version):
     """Fuzzed scenarios (kvsim.oracle.fuzz) with speculative decoding and/or hybrid KV groups:
     drive() checks every invariant after every step; all blocks come back at the end."""
