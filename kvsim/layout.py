@@ -44,8 +44,9 @@ class LayoutRules:
     # alignment of 16, 64 for MLA) or "platform" (0.22+: at least the chosen block size, and
     # the backend's smallest kernel block).
     hybrid_align: Literal["model_config", "platform"]
-    # 0.31+ (0.32 read): the raised block is also a multiple of every backend's smallest
-    # kernel block; 0.27+: of 128 for MLA hybrids (0.27 platforms/interface.py:883-888).
+    # 0.32+: the raised block is also a multiple of every backend's smallest kernel block
+    # (0.31's _find_non_ssm_backends left out: its layout is not refereed); 0.27+: of 128 for
+    # MLA hybrids (0.27 platforms/interface.py:883-888).
     hybrid_backend_alignment: bool
     hybrid_mla_align_128: bool
     # 0.33: in align mode the raised block is a multiple of the Mamba layers' prefill

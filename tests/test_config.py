@@ -254,3 +254,25 @@ def test_mla_without_a_latent_is_refused():
     # zero-byte cache page (a division by zero when the pool was derived).
     exc = error(model={"preset": "llama-3.2-1b", "attention_type": "mla"})
     assert exc.where == "scenario: model.kv_lora_rank" and "above 0" in exc.what
+
+
+@pytest.mark.parametrize("version, seqs, budget", [
+    # One draft-model input slot per request reserved up front (before 0.28): 64 - 64 x 1 = 0.
+    # 0.19 tests the value for truth and falls back to max_num_batched_tokens (64); 0.20+
+    # raise ("max_num_scheduled_tokens is set to 0", config/vllm.py 0.20.0:1391-1400).
+    ("0.19.0", 64, 64), ("0.21.0", 64, None), ("0.27.0", 64, None),
+    ("0.21.0", 32, 32),  # 64 - 32 x 1
+    ("0.28.0", 64, 64),  # 0.28+: slots charged per scheduled request, the budget whole
+])
+def test_draft_slots_reserved_from_the_budget_by_release(version, seqs, budget):
+    from kvsim.engine import build_scheduler
+    sections = dict(engine={"vllm_version": version, "max_num_batched_tokens": 64,
+                            "max_num_seqs": seqs},
+                    speculative={"method": "draft_model", "draft_model": "llama-3.2-1b",
+                                 "num_speculative_tokens": 2, "acceptance": "fixed",
+                                 "num_accepted": 1})
+    if budget is None:
+        exc = error(**sections)
+        assert exc.where.endswith("engine.max_num_batched_tokens") and "refuses" in exc.what
+    else:
+        assert build_scheduler(scenario(**sections)).token_budget == budget

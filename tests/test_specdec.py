@@ -124,6 +124,7 @@ def test_full_hit_admission_is_padded_to_a_verify_row():
 @pytest.mark.parametrize("version, alone, beside_a", [
     ("0.24.0", (1, False), (1, False)),  # no padding before 0.25
     ("0.25.0", (1, False), (3, True)),   # 0.25: only beside running requests scheduled this step
+    ("0.29.0", (1, False), (3, True)),   # 0.29: the same, the row fitting max_model_len
     ("0.32.0", (3, True), (3, True)),    # 0.32+: also a prefix hit's admission alone
     ("0.33.0", (3, True), (3, True)),
 ])

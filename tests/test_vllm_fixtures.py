@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from kvsim.errors import ConfigError
 from kvsim.oracle.replay import compare, drive
+from kvsim.oracle.suite import ci_versions, resolve_versions
+from kvsim.semantics import DEFAULT_VERSION, VERSIONS
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("vllm-*.json.gz"))
 
@@ -128,3 +131,18 @@ def test_named_regressions(key):
     if case is None:  # pragma: no cover - the fixture must hold the case
         pytest.fail(f"{key} is not in {path.name}: {REGRESSIONS[key]}")
     assert compare(drive(case["scenario"], data["vllm_version"]), case["vllm"]) == [], REGRESSIONS[key]
+
+
+def test_ci_rotation_runs_every_release():
+    # CI's subset: the newest release and three others in turn; ceil(others / 3) turns in a
+    # row cover every other release once.
+    others = [v for v in VERSIONS if v != DEFAULT_VERSION]
+    seen: list[str] = []
+    for turn in range(-(-len(others) // 3)):
+        picked = ci_versions(turn)
+        assert picked[0] == DEFAULT_VERSION and len(picked) == 4
+        seen += picked[1:]
+    assert sorted(set(seen)) == sorted(others)
+    assert resolve_versions("all") == list(VERSIONS)
+    with pytest.raises(ConfigError, match="not a covered release: 0.20.0"):
+        resolve_versions("0.33.0,0.20.0")

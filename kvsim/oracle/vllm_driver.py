@@ -125,6 +125,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 import atexit  # noqa: E402
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import inspect  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
@@ -575,8 +576,9 @@ SCHEDULER_FIELDS_SET = {
 _ENGINE_DEFAULT_GAPS: list[str] | None = None
 
 
+@functools.cache
 def _engine_args():
-    """EngineArgs as `vllm serve` starts from them, for the driver's model."""
+    """EngineArgs as `vllm serve` starts from them, for the driver's model (built once)."""
     from vllm.engine.arg_utils import EngineArgs
 
     return EngineArgs(model=_model_dir(), skip_tokenizer_init=True)
@@ -590,7 +592,6 @@ def engine_default_gaps() -> list[str]:
     one: None by hand, 0 from the planner), so any gap stops the driver."""
     global _ENGINE_DEFAULT_GAPS
     if _ENGINE_DEFAULT_GAPS is None:
-
         args = _engine_args()
         gaps = []
         for cls, done in ((CacheConfig, CACHE_FIELDS_SET), (SchedulerConfig, SCHEDULER_FIELDS_SET)):
