@@ -54,6 +54,7 @@ from kvsim import dp, parallel
 from kvsim.assemble import cost_inputs
 from kvsim.cost.comm import ExpertExchange
 from kvsim.engine import Records, build_scheduler, simulate
+from kvsim.errors import EngineDeadError
 from kvsim.pd import PDNetwork, PDTransfers, Waker, any_of, pd_pools
 from kvsim.request import KVTransferParams, Request, RequestSpec
 from kvsim.sched import Scheduler
@@ -144,8 +145,12 @@ class Replica:
         return self.sched.kv.pool.usage()
 
     def cached_tokens(self, req: Request) -> int:
-        """The prefix-cache hit ``req`` would get here now (the manager's own lookup)."""
-        return self.sched.kv.hit_tokens(req)
+        """The prefix-cache hit ``req`` would get here now (the manager's own lookup; 0 where
+        that lookup kills the release's engine, which then dies when it schedules ``req``)."""
+        try:
+            return self.sched.kv.hit_tokens(req)
+        except EngineDeadError:
+            return 0
 
 
 class DPGroup:
@@ -433,6 +438,7 @@ def _cluster_records(requests: list[Request], recs: list[Records],
         requests=requests, steps=[s for r in recs for s in r.steps],
         end_s=max(r.end_s for r in recs),
         stopped_by=next((r.stopped_by for r in recs if r.stopped_by), None),
+        stop_detail=next((r.stop_detail for r in recs if r.stop_detail), None),
         cost_label=" / ".join(dict.fromkeys(r.cost_label for r in recs)), replicas=recs,
         accepted_per_pos=(None if accept is None
                           else [sum(c) for c in zip(*(r.accepted_per_pos for r in recs))]))

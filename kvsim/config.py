@@ -647,12 +647,6 @@ def _speculative(raw: dict, file: str, engine: EngineCfg, model: ModelCfg) -> Sp
         model_preset(s["draft_model"], f"{where}.draft_model")
     if s["parallel_drafting"] and s["method"] not in ("eagle", "eagle3", "draft_model"):
         raise ConfigError(f"{where}.parallel_drafting", "only EAGLE and draft models draft in parallel")
-    groups = engine.kv_groups or ()
-    if (s["method"] in EAGLE_METHODS and sem.hybrid.swa_eagle_scan == "assert"
-            and any(g.kind == "sliding_window" and g.block_size != engine.block_size for g in groups)):
-        raise ConfigError(f"{where}.method", f"vLLM {engine.vllm_version} fails an assertion with "
-                          "EAGLE/MTP and a sliding-window group whose block is smaller than the "
-                          f"alignment ({engine.block_size})")
     if engine.max_num_batched_tokens <= k:
         raise ConfigError(f"{file}: engine.max_num_batched_tokens", f"{engine.max_num_batched_tokens} "
                           f"leaves no room for {k} lookahead slots (vLLM refuses it)")

@@ -23,6 +23,7 @@ import simpy
 from kvsim import fastforward
 from kvsim.assemble import acceptance_for, build_scheduler, cost_inputs
 from kvsim.cost import COST_MODELS
+from kvsim.errors import EngineDeadError
 from kvsim.kv.connector import ConnectorOutput, TimedWorker
 from kvsim.kv.manager import KVCacheManager
 from kvsim.request import Request, RequestSpec
@@ -64,8 +65,10 @@ class Records:
     steps: list[StepRecord] = field(default_factory=list)
     end_s: float = 0.0
     # "max_steps" / "max_sim_time_s" when a limit cut the run; "stall" when vLLM's own
-    # algorithm deadlocks (nothing can be scheduled, requests left).
+    # algorithm deadlocks (nothing can be scheduled, requests left); "engine_dead" when the
+    # release's own code raises (``stop_detail``: its exception, ``EngineDeadError``).
     stopped_by: str | None = None
+    stop_detail: str | None = None
     cost_label: str = ""
     # vLLM's num_accepted_tokens_per_pos (speculative decoding only; a cluster's summed).
     accepted_per_pos: list[int] | None = None
@@ -307,7 +310,11 @@ def _engine_steps(env, sc, sched, cost, accept, rec, arrivals, check_invariants,
                 step += done
                 continue
         if sched.has_requests:
-            plan = sched.schedule() if lazy is None else lazy.schedule(step)
+            try:
+                plan = sched.schedule() if lazy is None else lazy.schedule(step)
+            except EngineDeadError as exc:  # the engine core dies in the step it schedules
+                rec.stopped_by, rec.stop_detail = "engine_dead", str(exc)
+                break
             executed = plan.executes
             transfers.planned(plan)
             if sched.num_unfinished and not (

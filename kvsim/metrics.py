@@ -191,6 +191,7 @@ class Results:
             "num_requests": self.num_requests,
             "num_finished": self.num_finished,
             "stopped_by": rec.stopped_by,
+            "stop_detail": rec.stop_detail,
             "num_steps": self.num_steps,
             "sim_time_s": span,
             "num_gpu_blocks": e.num_gpu_blocks,
@@ -494,7 +495,9 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     """A short human-readable table for the terminal."""
     s = summary
     stop = {None: "", "stall": " (vLLM deadlocks here: the head of the waiting queue can never "
-            "be admitted and nothing runs)"}.get(s["stopped_by"], f" (stopped by {s['stopped_by']})")
+            "be admitted and nothing runs)",
+            "engine_dead": f" (vLLM's engine core dies here: {s['stop_detail']})"}.get(
+        s["stopped_by"], f" (stopped by {s['stopped_by']})")
     lines = [
         context_line([s]),
         f"requests      {s['num_finished']} finished of {s['num_requests']}{stop}; "

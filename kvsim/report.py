@@ -66,6 +66,10 @@ def run_notes(run: Run) -> list[str]:
         out.append(f"vLLM {s['vllm_version']} deadlocks on this workload: the head of the waiting "
                    f"queue can never be admitted; {s['num_finished']} of {s['num_requests']} requests "
                    "finished.")
+    elif s["stopped_by"] == "engine_dead":
+        out.append(f"vLLM {s['vllm_version']}'s engine core dies on this workload "
+                   f"({s['stop_detail']}) after {s['num_steps']} steps; {s['num_finished']} of "
+                   f"{s['num_requests']} requests finished.")
     elif s["stopped_by"]:
         out.append(f"The run was cut by run.{s['stopped_by']}: {s['num_finished']} of "
                    f"{s['num_requests']} requests finished.")

@@ -293,7 +293,7 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front="never", batch_t
                            sync_interval=32, sync_at_first_step=False),
                 offload=None, nixl_pd=False)
 _V019 = replace(_V022, version="0.19.0", default_gpu_memory_utilization=0.9,
-                hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap=False,
+                hybrid=HybridRules(lookup="spiral", writes="all", swa_admission_cap="never",
                                    trim_all_full_groups=False, per_group_eagle_flags=False,
                                    swa_eagle_scan="assert", partial_tail_hashes=False,
                                    cap_at_full_attention_hit=False, mamba_split="last_block",
@@ -315,6 +315,13 @@ _V0191 = replace(_V019, version="0.19.1", hybrid=replace(_V019.hybrid, swa_eagle
 # passes full_sequence_must_fit (kv_cache_manager.py:334-350): the same count at the same
 # point, so the same record.
 _V021 = replace(_V022, version="0.21.0", hybrid=replace(_V022.hybrid, writes="all"))
+# 0.20.0 and 0.20.1 (vllm/v1/core byte-identical) are 0.20.2 but for the sliding-window cap:
+# it applies in every block count (0.20.0 single_type_kv_cache_manager.py:116-128 has no
+# apply_admission_cap), so allocate_slots' per-step check (kv_cache_manager.py:384-398) can
+# pass while allocate_new_blocks (:238-260) takes the uncapped count and BlockPool
+# .get_new_blocks raises (block_pool.py:334): the engine dies where 0.20.2 preempts. 0.20.2
+# passes the cap to the full-sequence gate only (kv_cache_manager.py:260).
+_V0200 = replace(_V021, version="0.20.0", hybrid=replace(_V021.hybrid, swa_admission_cap="always"))
 # 0.23.0: admissions reserve the lookahead slots too (scheduler.py:736-739), the batch queue
 # fills when nothing executed but requests wait (engine/core.py:541-546), an EAGLE group
 # caches one block past U and the window mask keeps it (kv_cache_coordinator.py:554-580,
@@ -399,6 +406,8 @@ _V031 = replace(_V030, version="0.31.0", long_prefill_only_with_competition=True
 VERSIONS: dict[str, Semantics] = {
     "0.19.0": _V019,
     "0.19.1": _V0191,
+    "0.20.0": _V0200,
+    "0.20.1": replace(_V0200, version="0.20.1"),  # vllm/v1/core byte-identical to 0.20.0
     "0.20.2": replace(_V021, version="0.20.2"),
     "0.21.0": _V021,
     "0.22.0": replace(_V022, version="0.22.0"),  # vllm/v1/core byte-identical to 0.22.1

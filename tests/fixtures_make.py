@@ -113,7 +113,8 @@ def main() -> int:
 
 
 def record(args, scenarios: list[dict]) -> list[dict]:
-    """The scenarios with vLLM's results (those vLLM refuses are left out, and named)."""
+    """The scenarios with vLLM's results (those vLLM refuses are left out, and named; a run
+    in which the release's engine dies is kept, up to that step)."""
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps([to_driver(s) for s in scenarios]))
@@ -122,7 +123,7 @@ def record(args, scenarios: list[dict]) -> list[dict]:
         results = json.loads(out.read_text())
     cases = []
     for sc, res in zip(scenarios, results, strict=True):
-        if "error" in res:
+        if "error" in res and "engine_dead" not in res:
             print(f"seed {sc['seed']}: {res['error'][:200]}", file=sys.stderr)
             continue
         res.pop("usage", None)

@@ -234,3 +234,29 @@ def test_over_capacity_and_time_units():
     assert over_capacity([3.0] * 8) is None  # too few requests to say
     assert time_unit(0.11) == ("ms", 1e3) and time_unit(42.0) == ("s", 1.0)
     assert time_unit(2693.0) == ("min", 1 / 60) and time_unit(2.98, "s") == ("s", 1.0)
+
+
+def _window_chat(version: str) -> str:
+    from tests.builders import small_chat
+    groups = ('[{kind = "full_attention", block_size = 16}, '
+              '{kind = "sliding_window", block_size = 16, sliding_window = 32}]')
+    return (small_chat(130, 40).replace("user_history_tokens = 96", "user_history_tokens = 400")
+            .replace("[engine]", f'[engine]\nvllm_version = "{version}"\nkv_groups = {groups}'))
+
+
+def test_a_release_whose_engine_dies_says_so(tmp_path):
+    # 0.20.0 counts a sliding window's blocks capped at its admission cap on every step
+    # (19 blocks here: cdiv(min(32 - 1 + 256, 1024), 16) + 1), so a decode step crossing a
+    # block boundary with one block free counts 1 (full attention's) and takes 2: vLLM's pool
+    # raises and the engine dies. 0.20.2 counts 2, preempts and finishes the workload.
+    for version, stopped, detail in (
+            ("0.20.0", "engine_dead", "ValueError: Cannot get 1 free blocks from the pool"),
+            ("0.20.2", None, None)):
+        scen = tmp_path / f"{version}.toml"
+        scen.write_text(_window_chat(version))
+        proc = _kvsim("run", str(scen), "--out", str(tmp_path / version), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        s = json.loads((tmp_path / version / "summary.json").read_text())
+        assert (s["stopped_by"], s["stop_detail"]) == (stopped, detail)
+        assert (s["num_finished"] < 40) == (stopped is not None)
+        assert (f"vLLM's engine core dies here: {detail}" in proc.stdout) == (stopped is not None)

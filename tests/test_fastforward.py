@@ -3,6 +3,7 @@ the bytes step-by-step simulation gives (step-by-step: ``check_invariants=True``
 checks the pool after every step and never fast-forwards)."""
 
 import io
+import json
 import os
 from unittest import mock
 
@@ -608,4 +609,17 @@ def test_lazy_decode_on_named_hybrid_layouts_gives_the_bytes_of_step_by_step(cas
     sc = parse_scenario(raw)
     fast = outputs(sc)
     assert windows["lazy"] > 0, "the case tests nothing"
+    assert fast == outputs(sc, check_invariants=True)
+
+
+def test_lazy_decode_dies_where_step_by_step_dies(windows):
+    # 0.20.0's capped sliding-window count (tests/test_cli.py's workload): a lazy step plans
+    # by the blocks allocations take, so the step the engine dies in is planned by schedule().
+    import tomllib
+
+    from tests.test_cli import _window_chat
+    sc = parse_scenario(tomllib.loads(_window_chat("0.20.0")))
+    fast = outputs(sc)
+    assert windows["lazy"] > 0, "the case tests nothing"
+    assert json.loads(fast[2])["stopped_by"] == "engine_dead"
     assert fast == outputs(sc, check_invariants=True)

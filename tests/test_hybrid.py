@@ -552,3 +552,33 @@ def test_decode_slack_of_a_sliding_window_layout():
     assert kv.decode_slack(req, 1) == 6
     assert _first_change(kv, req, 1) == 6  # step by step: block 1 leaves the window then
     assert kv.groups[1].tables[req.req_id][1] is kv.pool.null_block
+
+
+# -- the sliding-window admission cap, by release (0.20.0/0.20.1 apply it to every count) --
+
+def _swa_manager(version, num_blocks):
+    from kvsim.kv.hybrid import GroupSpec, HybridKVCacheManager
+    from kvsim.kv.pool import BlockPool
+    from kvsim.semantics import VERSIONS
+    sem = VERSIONS[version]
+    groups = [GroupSpec("full_attention", 4), GroupSpec("sliding_window", 4, sliding_window=4)]
+    return HybridKVCacheManager(BlockPool(num_blocks, True, sem.pool_unhashed_to_front(True)),
+                                groups, 1024, True, max_in_flight_tokens=8, rules=sem.hybrid)
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.20.1", "0.20.2", "0.33.0"])
+def test_swa_cap_in_every_count_kills_the_engine_on_0200(version):
+    from kvsim.errors import EngineDeadError
+    # A 32-token first chunk needs 8 blocks per group. The window's cap is
+    # cdiv(min(4 - 1 + 8, 1024), 4) + 1 = 4 blocks (SlidingWindowSpec.
+    # max_admission_blocks_per_request). 13 usable blocks: 0.20.2+ count 8 + 8 = 16 > 13 and
+    # refuse the allocation; 0.20.0 counts 8 + 4 = 12 <= 13, gives full attention its 8 and
+    # then asks the pool for the window's 8 with 5 left.
+    kv = _swa_manager(version, 14)
+    r = Request(RequestSpec("R", 0.0, SegmentTokens([(1, 32)]), 1), 0)
+    if version in ("0.20.0", "0.20.1"):
+        with pytest.raises(EngineDeadError, match="^ValueError: Cannot get 8 free blocks from the pool$"):
+            kv.allocate_slots(r, 32)
+    else:
+        assert kv.allocate_slots(r, 32) is None
+        assert kv.pool.num_free_blocks == 13

@@ -51,6 +51,8 @@ def test_fixtures_exercise_the_hard_paths():
     assert sum(v["totals"]["prefix_cache_hits"] > 0 for v in vllm) >= 50
     assert sum(v["totals"]["preempted_hits"] > 0 for v in vllm) >= 10
     assert sum(c["scenario"]["engine"]["scheduling_policy"] == "priority" for c in cs) >= 10
+    # Runs in which the release's own engine dies (0.20.0/0.20.1's capped window count).
+    assert sum("engine_dead" in v for v in vllm) >= 5
     # The offload tier: external hits, lookups of preempted requests, transfers of 0-3 steps.
     off = [c for c in cs if "kv_offloading" in c["scenario"]["engine"]]
     assert sum(c["vllm"]["totals"]["external_prefix_cache_hits"] > 0 for c in off) >= 20
@@ -120,6 +122,15 @@ REGRESSIONS = {
                                          "after it): vLLM hits 32, the 0.20 rule 0",
     ("vllm-0.19.1-regressions", 100144): "same",
     ("vllm-0.19.1-regressions", 100176): "same",
+    ("vllm-0.19.0-regressions", 100093): "0.19.0's sliding-window EAGLE lookup asserts on the first "
+                                         "hit the window's scan finds (a block smaller than U): "
+                                         "the engine dies in that step",
+    ("vllm-0.19.0-regressions", 100086): "same, at step 71, async",
+    ("vllm-0.20.0-regressions", 100092): "0.20.0 caps a window's count in every allocation check, "
+                                         "not only the admission gate: a decode step counts 1 block, "
+                                         "takes 2, and the pool raises (the engine dies)",
+    ("vllm-0.20.0-regressions", 100066): "same, for a first chunk: counts the window's capped "
+                                         "blocks, asks the pool for all 8",
 }
 
 
@@ -144,5 +155,5 @@ def test_ci_rotation_runs_every_release():
         seen += picked[1:]
     assert sorted(set(seen)) == sorted(others)
     assert resolve_versions("all") == list(VERSIONS)
-    with pytest.raises(ConfigError, match="not a covered release: 0.20.0"):
-        resolve_versions("0.33.0,0.20.0")
+    with pytest.raises(ConfigError, match="not a covered release: 0.18.1"):
+        resolve_versions("0.33.0,0.18.1")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from math import gcd, lcm
 from typing import Literal
 
+from kvsim.errors import EngineDeadError
 from kvsim.kv.hashing import BlockHasher
 from kvsim.kv.pool import Block, BlockPool
 from kvsim.request import Request
@@ -87,6 +88,7 @@ SwaEagleScan = Literal["assert", "pre_pop", "post_pop"]
 MambaSplit = Literal["last_block", "last_block_junction", "last_block_stops", "prefill_end_stops",
                      "checkpoint"]
 PartialTailLimit = Literal["prompt", "resend"]
+SwaAdmissionCap = Literal["never", "gate", "always"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +140,19 @@ class HybridRules:
 
     lookup: str = "hashes"
     writes: str = "eagle_extra"
-    swa_admission_cap: bool = True  # full-sequence gate caps a window's blocks (0.22+)
+    # A sliding-window group's block count capped at max_admission_blocks_per_request
+    # (SlidingWindowSpec: cdiv(min(window - 1 + in-flight tokens, max_model_len), b) + 1):
+    # ``"never"`` (0.19), ``"gate"`` (0.20.2+: only in the full-sequence admission gate,
+    # ``apply_admission_cap``) or ``"always"`` (0.20.0/0.20.1: in every count, the per-step
+    # allocation check too, while the allocation takes the uncapped count; when the pool
+    # holds fewer blocks than that, BlockPool.get_new_blocks raises and the engine dies:
+    # 0.20.0 single_type_kv_cache_manager.py:116-128, :238-260, block_pool.py:334).
+    swa_admission_cap: SwaAdmissionCap = "gate"
     trim_all_full_groups: bool = True  # 0.32+ trims every full-attention group to the hit
     per_group_eagle_flags: bool = True  # 0.19 has none: with EAGLE on, every group drops
     # EAGLE with a sliding-window block ``b`` smaller than U (SlidingWindowManager.
-    # find_longest_cache_hit): ``"assert"`` (0.19.0: the engine dies at the first hit),
+    # find_longest_cache_hit): ``"assert"`` (0.19.0: an assertion kills the engine at the first
+    # hit the window's scan finds, 0.19.0 single_type_kv_cache_manager.py:567-570),
     # ``"pre_pop"`` (0.19.1: a run may end only where its length before the EAGLE drop is
     # U-aligned, ``(i + 1) * b % U``; drop, then re-align), ``"post_pop"`` (0.20+: where the
     # length after the drop is, ``i * b % U``; 0.20.0 single_type_kv_cache_manager.py:559-562).
@@ -395,6 +405,8 @@ class HybridKVCacheManager:
                 for lst in blocks.values():
                     lst.pop()
         if drop and first:
+            if b != U and self.rules.swa_eagle_scan == "assert":  # 0.19.0 :567-570
+                raise EngineDeadError("AssertionError: aligned_length is not compatible with eagle now")
             for lst in blocks.values():
                 lst.pop()
             while b != U and len(first) * b % U:
@@ -485,7 +497,7 @@ class HybridKVCacheManager:
 
     def _blocks_to_allocate(self, g: _Group, req_id: str, num_tokens: int, hit: list[Block],
                             total_computed: int, admission_cap: bool, main_tokens: int,
-                            prefill_end: int) -> int:
+                            prefill_end: int, window_cap: bool) -> int:
         if g.spec.kind == "mamba":
             if hit and hit[-1].block_hash in g.cached_this_step:
                 # Mamba can't rely on a state another request publishes in this very step:
@@ -497,7 +509,7 @@ class HybridKVCacheManager:
                                                             prefill_end)
             num_tokens += g.block_size * self.num_speculative_blocks
         required = cdiv(num_tokens, g.block_size)
-        if admission_cap and g.spec.kind == "sliding_window" and self.rules.swa_admission_cap:
+        if window_cap and g.spec.kind == "sliding_window":
             cap_tokens = min(g.spec.sliding_window - 1 + g.extra_retained + self.max_in_flight_tokens,
                              self.max_model_len)
             required = min(required, cdiv(cap_tokens, g.block_size) + 1)  # vLLM's admission cap
@@ -558,15 +570,20 @@ class HybridKVCacheManager:
 
     def num_blocks_to_allocate(self, req_id: str, num_tokens: int, hit: dict, total_computed: int = 0,
                                admission_cap: bool = False, main_tokens: int | None = None,
-                               prefill_end: int = 0) -> int:
-        """``prefill_end``: where the request's prefill ends; only the chunk reaching it
-        exports a Mamba checkpoint from inside under the default retention (0), every chunk
-        otherwise (vLLM then passes 0)."""
+                               prefill_end: int = 0, counted: bool = True) -> int:
+        """``admission_cap``: the full-sequence admission gate's count. ``prefill_end``: where
+        the request's prefill ends; only the chunk reaching it exports a Mamba checkpoint from
+        inside under the default retention (0), every chunk otherwise (vLLM then passes 0).
+        ``counted``: the count vLLM checks, with the release's sliding-window cap where it
+        applies (``HybridRules.swa_admission_cap``); False: the blocks the allocation takes."""
         main = num_tokens if main_tokens is None else main_tokens
         if self.retention_interval != 0:
             prefill_end = 0
+        mode = self.rules.swa_admission_cap
+        window_cap = counted and (mode == "always" or (admission_cap and mode == "gate"))
         return sum(self._blocks_to_allocate(g, req_id, num_tokens, hit.get(g.gid, []),
-                                            total_computed, admission_cap, main, prefill_end)
+                                            total_computed, admission_cap, main, prefill_end,
+                                            window_cap)
                    for g in self.groups)
 
     def _free_range(self, table: list[Block], first: int, last: int, past_nulls: bool,
@@ -681,7 +698,7 @@ class HybridKVCacheManager:
         local = req.num_computed_tokens
         _, main, need, prefill_end = self._slots(req, local, num_new_tokens, num_lookahead_tokens)
         return self.num_blocks_to_allocate(req.req_id, need, {}, local, main_tokens=main,
-                                           prefill_end=prefill_end)
+                                           prefill_end=prefill_end, counted=False)
 
     def decode_slack(self, req: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int | None:
         """``KVCacheManager.decode_slack`` for every group: the tokens a running request can

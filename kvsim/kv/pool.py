@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 
-from kvsim.errors import InvariantError
+from kvsim.errors import EngineDeadError, InvariantError
 
 
 class Block:
@@ -155,9 +155,11 @@ class BlockPool:
     # -- mutations -----------------------------------------------------------------------
 
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
-        """Pop ``num_blocks`` from the head, evicting any hash they carry; ref_cnt becomes 1."""
+        """Pop ``num_blocks`` from the head, evicting any hash they carry; ref_cnt becomes 1.
+        More than are free: vLLM's pool raises, and its engine dies (the caller's count was
+        wrong: a release's bug, or kvsim's, which the oracle then tells apart)."""
         if num_blocks > len(self.free_queue):
-            raise InvariantError(f"cannot get {num_blocks} blocks, {len(self.free_queue)} free")
+            raise EngineDeadError(f"ValueError: Cannot get {num_blocks} free blocks from the pool")
         out = self.free_queue.take(num_blocks)
         cached, plain = self.cached, not self.extra_hashes
         for blk in out:

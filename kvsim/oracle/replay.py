@@ -16,6 +16,7 @@ from typing import Any
 
 from kvsim.assemble import assemble_scheduler
 from kvsim.config import check_groups_for_release, check_retention_interval
+from kvsim.errors import EngineDeadError
 from kvsim.kv.connector import StepDelayWorker
 from kvsim.kv.hybrid import GroupSpec
 from kvsim.kv.nixl import PDParams, StepDelayPDWorker
@@ -120,7 +121,7 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         reqs.append(_make_request(s, i))
     join = [int(s.get("join_step", 0)) for s in specs]
     pending = list(range(len(reqs)))
-    steps, step, done, stalled = [], 0, 0, None
+    steps, step, done, stalled, dead = [], 0, 0, None, None
 
     def add_joined(limit):
         nonlocal pending
@@ -145,7 +146,11 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
             add_joined(min(join[i] for i in pending))
             continue
         if sched.has_requests:
-            plan = sched.schedule()
+            try:
+                plan = sched.schedule()
+            except EngineDeadError as exc:  # the release's own failure, in this step
+                dead = {"step": step, "error": str(exc)}
+                break
             calls += 1
             kv_out = None
             if worker is not None:
@@ -172,14 +177,18 @@ def drive(scenario: dict, version: str = "0.33.0", check_invariants: bool = True
         done += len(_apply(sched, *queue.pop()))
         if check_invariants:
             sched.check_invariants()
+    # The driver reads cached tokens from a request's first output: a run cut short (an
+    # engine death) leaves them unreported for requests that produced none.
     out: dict[str, Any] = {
-        "requests": {r.req_id: {"cached_tokens": r.cached_tokens, "num_preemptions": r.num_preemptions,
+        "requests": {r.req_id: {"cached_tokens": r.cached_tokens if r.first_token_step is not None
+                                else None, "num_preemptions": r.num_preemptions,
                                 "first_scheduled_step": r.first_scheduled_step,
                                 "first_token_step": r.first_token_step, "finish_step": r.finish_step,
                                 "num_output_tokens": r.num_output_tokens} for r in reqs},
         "steps": steps,
         "free_queue_end": list(sched.kv.pool.free_queue),
         "stall": stalled,
+        "engine_dead": dead,
     }
     if worker is not None:
         for r in reqs:
@@ -245,6 +254,8 @@ def compare(kvsim: dict, vllm: dict, limit: int = 10) -> list[str]:
         for f in REQUEST_FIELDS:
             if got.get(f) != want.get(f):
                 out.append(f"request {rid} {f}: kvsim {got.get(f)} vllm {want.get(f)}")
+    if kvsim.get("engine_dead") != vllm.get("engine_dead"):
+        out.append(f"engine_dead: kvsim {kvsim.get('engine_dead')} vllm {vllm.get('engine_dead')}")
     if len(kvsim["steps"]) != len(vllm["steps"]):
         out.append(f"steps: kvsim {len(kvsim['steps'])} vllm {len(vllm['steps'])}")
     for ks, vs in zip(kvsim["steps"], vllm["steps"]):

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from kvsim.errors import ConfigError
@@ -79,16 +80,22 @@ def _run_driver(python: Path, driver: Path, scenarios: list[dict], version: str)
     return results
 
 
+Tally = tuple[int, Counter, int, int, list[str]]
+
+
 def run_version(version: str, count: int, first_seed: int, python: Path,
-                max_calls: int, only: set[str] | None = None) -> tuple[int, int, int, int, list[str]]:
-    """Returns (compared, of which ending in the release's own stall, mismatching, refused or
-    unfinished by vLLM, first mismatch reports).
+                max_calls: int, only: set[str] | None = None) -> Tally:
+    """Returns (compared, how many of them ended in the release's own failure, by kind
+    ("stall", "engine_dead"), mismatching, refused or unfinished by vLLM, first mismatch
+    reports).
 
     A scenario in which vLLM deadlocks (schedule() schedules nothing, nothing is running)
-    counts as compared when kvsim deadlocks at the same step, as a mismatch otherwise."""
+    counts as compared when kvsim deadlocks at the same step, as a mismatch otherwise; one in
+    which vLLM's engine dies (schedule() raises) is compared step by step up to that step,
+    and the step and the exception must agree."""
     mixes = mixes_for(version, only)
     if not mixes:
-        return 0, 0, 0, 0, []
+        return 0, Counter(), 0, 0, []
     cases = []
     for i in range(count):
         seed = first_seed + i
@@ -101,43 +108,45 @@ def run_version(version: str, count: int, first_seed: int, python: Path,
             continue  # a configuration this release refuses at start-up
         cases.append((seed, (spec, hybrid, is_async, offload), sc))
     if not cases:
-        return 0, 0, 0, 0, []
+        return 0, Counter(), 0, 0, []
     results = _run_driver(python, DRIVER, [{**to_driver(sc), "max_schedule_calls": max_calls}
                                            for _, _, sc in cases], version)
 
-    def check(sc: dict, res: dict) -> tuple[bool, list[str]] | None:
-        if "error" not in res:
-            return False, compare(drive(sc, version, check_invariants=False), res, limit=3)
+    def check(sc: dict, res: dict) -> tuple[str | None, list[str]] | None:
+        if "error" not in res or "engine_dead" in res:
+            return ("engine_dead" if "engine_dead" in res else None), compare(
+                drive(sc, version, check_invariants=False), res, limit=3)
         m = STALL.match(res["error"])
         if m is None:
             return None
         stall = int(m[1])
         got = drive(sc, version, check_invariants=False, max_steps=stall + 1)["stall"]
-        return True, [] if got == stall else [f"vLLM deadlocks at step {stall}, kvsim: {got}"]
+        return "stall", [] if got == stall else [f"vLLM deadlocks at step {stall}, kvsim: {got}"]
     return _tally(version, cases, results, mix_name, check)
 
 
-def _tally(version: str, cases: list, results: list[dict], name,
-           check) -> tuple[int, int, int, int, list[str]]:
-    """(compared, of which ending in the release's own stall, mismatching, refused, first
-    mismatch reports) of the cases ``(seed, mix, scenario)`` and their oracle results, by
-    ``check(scenario, result)``: None if vLLM refused it, else (whether it stalled, the
-    mismatches)."""
-    compared = stalls = bad = refused = 0
+def _tally(version: str, cases: list, results: list[dict], name, check) -> Tally:
+    """(compared, of which ending in the release's own failure by kind, mismatching, refused,
+    first mismatch reports) of the cases ``(seed, mix, scenario)`` and their oracle results,
+    by ``check(scenario, result)``: None if vLLM refused it, else (how vLLM's run ended
+    early, if it did: "stall" or "engine_dead", the mismatches)."""
+    compared = bad = refused = 0
+    endings: Counter = Counter()
     reports: list[str] = []
     for (seed, mix, sc), res in zip(cases, results):
         got = check(sc, res)
         if got is None:
             refused += 1
             continue
-        stalled, mismatches = got
+        ending, mismatches = got
         compared += 1
-        stalls += stalled
+        if ending is not None:
+            endings[ending] += 1
         if mismatches:
             bad += 1
             if len(reports) < 10:
                 reports.append(f"{version} seed {seed} {name(mix)}: " + "; ".join(mismatches))
-    return compared, stalls, bad, refused, reports
+    return compared, endings, bad, refused, reports
 
 
 # P/D pairs (oracle/pd_driver.py: two Schedulers with NixlConnector): (speculative, asynchronous).
@@ -150,12 +159,12 @@ def pd_mix_name(mix: tuple[bool, bool]) -> str:
 
 
 def run_version_pd(version: str, count: int, first_seed: int, python: Path,
-                   only: set[str] | None = None) -> tuple[int, int, int, int, list[str]]:
+                   only: set[str] | None = None) -> Tally:
     """``run_version`` for P/D pairs, on releases whose NixlConnector kvsim reproduces; a
     pair that deadlocks counts as compared when kvsim's deadlocks at the same tick."""
     mixes = [m for m in PD_MIXES if only is None or pd_mix_name(m) in only]
     if not VERSIONS[version].nixl_pd or not mixes:
-        return 0, 0, 0, 0, []
+        return 0, Counter(), 0, 0, []
     cases = []
     for i in range(count):
         seed = first_seed + i
@@ -168,13 +177,13 @@ def run_version_pd(version: str, count: int, first_seed: int, python: Path,
             continue
         cases.append((seed, (spec, is_async), sc))
     if not cases:
-        return 0, 0, 0, 0, []
+        return 0, Counter(), 0, 0, []
     results = _run_driver(python, PD_DRIVER, [pd_to_driver(sc) for _, _, sc in cases], version)
 
-    def check(sc: dict, res: dict) -> tuple[bool, list[str]] | None:
+    def check(sc: dict, res: dict) -> tuple[str | None, list[str]] | None:
         if "error" in res and res.get("stall") is None:
             return None
-        return res.get("stall") is not None, compare_pd(
+        return ("stall" if res.get("stall") is not None else None), compare_pd(
             drive_pd(pd_to_driver(sc), version, check_invariants=False), res, limit=3)
     return _tally(version, cases, results, pd_mix_name, check)
 
@@ -256,11 +265,11 @@ def main(argv: list[str] | None = None) -> int:
                 python = oracle_python(version, None)
                 t0 = time.perf_counter()
                 if what == "traces":
-                    compared, stalls, bad, refused, reports = run_version(
+                    compared, endings, bad, refused, reports = run_version(
                         version, count, args.first_seed, python, args.max_calls, only)
                     expected = bool(mixes_for(version, only))
                 else:
-                    compared, stalls, bad, refused, reports = run_version_pd(
+                    compared, endings, bad, refused, reports = run_version_pd(
                         version, count, args.first_seed, python, only)
                     expected = VERSIONS[version].nixl_pd and any(
                         only is None or pd_mix_name(m) in only for m in PD_MIXES)
@@ -276,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                 total_bad += 1
             total += compared
             total_bad += bad
-            print(f"vLLM {version}: {compared} {what} compared ({stalls} ending in vLLM's own "
-                  f"deadlock), {bad} mismatching, {refused} refused or unfinished by vLLM "
+            print(f"vLLM {version}: {compared} {what} compared ({endings['stall']} ending in "
+                  f"vLLM's own deadlock, {endings['engine_dead']} in its engine's death), "
+                  f"{bad} mismatching, {refused} refused or unfinished by vLLM "
                   f"({time.perf_counter() - t0:.0f} s)")
             for r in reports:
                 print("  " + r[:400])

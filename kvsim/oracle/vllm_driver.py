@@ -98,7 +98,7 @@ docstring.
 
 The script re-executes itself with PYTHONHASHSEED=0 unless that is already
 set, so NONE_HASH, and with it every block hash, is the same in every run.
-Tested against vLLM 0.33.0, 0.32.0, 0.22.1 and 0.19.0 (release differences
+Tested against every release kvsim covers (kvsim.semantics.VERSIONS; differences
 are handled by inspecting signatures and, for the batch queue, EngineCore's
 source). A release may reject a combination itself, e.g. ngram with
 async_scheduling before 0.33: the result then carries "error".
@@ -1175,7 +1175,10 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
     no batch that scheduled tokens still in flight, and no preemption, is a
     stall: "error" and "stall" are set and the run stops. (A call that
     schedules 0 tokens only because it preempted everything is not a step;
-    the engine simply schedules again.)
+    the engine simply schedules again.) An exception raised by schedule()
+    (0.20.0's "ValueError: Cannot get N free blocks from the pool") kills
+    a real EngineCore: "error" and "engine_dead" are set and the run stops
+    there, with what was recorded before it.
 
     Synchronous scheduling (the default) is EngineCore.step + post_step:
     schedule(); update_from_output(); then, with spec decoding and when the
@@ -1239,7 +1242,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
       totals: {prefix_cache_queries, prefix_cache_hits, prefix_cache_requests,
                preempted_queries, preempted_hits, preempted_requests}
       num_steps, num_schedule_calls: int
-      error: str, stall: {...}, warnings: [str]   (only when they apply)
+      error: str, stall: {...}, warnings: [str],
+      engine_dead: {step, error: "ExceptionType: message"}   (only when they apply)
       timing: {build_s, drive_s}   (only with KVSIM_ORACLE_TIMING=1)
     """
     engine = scenario.get("engine", {})
@@ -1309,6 +1313,7 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
                                      "external_preempted_hits", "external_preempted_requests"), 0))
     error = None
     stall = None
+    dead = None
     step = 0
     n_calls = 0
     # In-flight batches, newest first: (scheduler_output, model_runner_output,
@@ -1432,7 +1437,12 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
             # Requests scheduled from the waiting queue in this call (new or
             # resumed) can carry drafts only as vLLM's padding placeholders.
             running_before = {r.request_id for r in sched.running} if spec_k else ()
-            so = sched.schedule()
+            try:
+                so = sched.schedule()
+            except Exception as exc:  # noqa: BLE001 - vLLM's own failure: its engine core dies
+                dead = {"step": step, "error": f"{type(exc).__name__}: {exc}"}
+                error = f"engine died at step {step}: {dead['error']}"
+                break
             n_calls += 1
             kv_out = None
             if worker is not None:
@@ -1584,6 +1594,8 @@ def drive(scenario: dict, max_steps: int = 1_000_000) -> dict:
         result["error"] = error
     if stall is not None:
         result["stall"] = stall
+    if dead is not None:
+        result["engine_dead"] = dead
     if warnings:
         result["warnings"] = warnings
     if WITH_TIMING:
