@@ -415,8 +415,10 @@ VERSIONS: dict[str, Semantics] = {
     "0.23.0": _V023,
     "0.24.0": _V024,
     "0.25.0": _V025,
+    "0.25.1": replace(_V025, version="0.25.1"),  # vllm/v1/core, config, engine byte-identical
     "0.26.0": _V026,
     "0.27.0": _V027,
+    "0.27.1": replace(_V027, version="0.27.1"),  # vllm/v1/core, config, engine byte-identical
     "0.28.0": _V028,
     "0.29.0": _V029,
     "0.30.0": _V030,
