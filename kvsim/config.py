@@ -322,6 +322,10 @@ def _engine(raw: dict, file: str, model: ModelCfg, hw: HardwareCfg) -> EngineCfg
                           f"vLLM {sem.version}'s asynchronous scheduler is not modelled yet "
                           f"(modelled: {', '.join(v for v, s in VERSIONS.items() if s.async_modelled)}); "
                           "set it to false")
+    if e["enable_prefix_caching"] is None:
+        hybrid = (any(g.kind == "mamba" for g in e["kv_groups"]) if e["kv_groups"] is not None
+                  else "linear_attention" in model.layers)
+        e["enable_prefix_caching"] = sem.default_prefix_caching(hybrid)
     batch_defaults = sem.serve_batch_defaults(hw.memory_bytes, hw.name + " " + hw.device_name,
                                               hw.capability)
     for key, default in zip(("max_num_batched_tokens", "max_num_seqs"), batch_defaults):

@@ -190,7 +190,9 @@ ENGINE_KEYS = (
         "client with its own counts (`--api-server-count`; default as `vllm serve`: "
         "`data_parallel_size`). Requests are taken by them in turn.", low=1, high=MAX_REPLICAS,
         derived=True),
-    Key("enable_prefix_caching", "bool", True, "Automatic prefix caching."),
+    Key("enable_prefix_caching", "bool", None, "Automatic prefix caching. Default as `vllm "
+        "serve`: on, but off for Mamba / linear-attention hybrids before vLLM 0.28 (0.19-0.25 "
+        "count them as unsupported, 0.26/0.27 keep them opt-in).", derived=True),
     Key("max_num_batched_tokens", "int", None, "Token budget per step. Default as `vllm serve`: "
         "8192 on a device with >= 70 GiB that is not an A100 (16384 at >= 160 GiB from vLLM 0.32), "
         "else 2048.",

@@ -77,6 +77,12 @@ class Semantics:
     # more (0.28+), and GB10 (DGX Spark, capability 12.1) kept on the small tier (0.33).
     batch_tier_160gib: bool
     batch_small_tier_on_gb10: bool
+    # `vllm serve`'s enable_prefix_caching default for a Mamba / linear-attention hybrid
+    # (ModelConfig.is_hybrid; other models: on in every release): on from 0.28; off before,
+    # as is_prefix_caching_supported is False for generative hybrids in 0.19-0.25 (0.19
+    # config/model.py:1785-1790) and 0.26/0.27 keep it opt-in (0.26 engine/arg_utils.py
+    # :2518-2522). Explicitly enabled, it works in every release.
+    hybrid_prefix_caching_default: bool
     # How EAGLE-family drafters (eagle, eagle3, mtp) keep prefix hits safe by default:
     # "drop" the last matched block, or "lookahead" block hashes that also cover the next
     # token(s) (0.33). The opt-out flags the release accepts are listed.
@@ -211,6 +217,11 @@ class Semantics:
         return self.free_unhashed_to_front == "always" or (
             self.free_unhashed_to_front == "with_caching" and enable_caching)
 
+    def default_prefix_caching(self, is_hybrid: bool) -> bool:
+        """EngineArgs' enable_prefix_caching default (None) for a model, ``is_hybrid``: with
+        Mamba / linear-attention layers."""
+        return self.hybrid_prefix_caching_default or not is_hybrid
+
     def default_async_scheduling(self, method: str) -> bool:
         """VllmConfig's async_scheduling default (None) for speculative ``method``."""
         return self.async_modelled and method not in self.async_default_off_methods
@@ -223,6 +234,7 @@ _V033 = Semantics(
     default_gpu_memory_utilization=0.92,
     batch_tier_160gib=True,
     batch_small_tier_on_gb10=True,
+    hybrid_prefix_caching_default=True,
     eagle_prefix_rule="lookahead",
     has_disable_eagle_block_drop=True,
     has_disable_lookahead_block_hashes=True,
@@ -266,6 +278,7 @@ _V032 = replace(_V033, version="0.32.0", eagle_prefix_rule="drop",
                 async_allows_ngram=False, batch_small_tier_on_gb10=False,
                 offload=OffloadRules(lru_request_ranks=False, restore_from_start=False))
 _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front="never", batch_tier_160gib=False,
+                hybrid_prefix_caching_default=False,
                 long_prefill_only_with_competition=False, has_disable_eagle_block_drop=False,
                 pad_new_decode_to_spec_width="never",
                 hybrid=HybridRules(lookup="max_hit", writes="u_rounded", trim_all_full_groups=False,
@@ -373,6 +386,7 @@ _V027 = replace(_V026, version="0.27.0", prefix_stats_at_admission=True,
 # (block_pool.py:733-743); a no-op Mamba allocation marks the request allocated
 # (single_type_kv_cache_manager.py:1574-1578).
 _V028 = replace(_V027, version="0.28.0", batch_tier_160gib=True, per_request_draft_slots=True,
+                hybrid_prefix_caching_default=True,
                 priority_victim_before_index_reindexes=True, has_prefill_lookahead=True,
                 async_default_off_methods=("ngram",), free_unhashed_to_front="always",
                 hybrid=replace(_V027.hybrid, mamba_noop_marks_allocated=True))

@@ -51,6 +51,23 @@ def test_defaults_are_vllm_033_serve_defaults():
         for s in (ngram, draft, eagle):
             on = scenario(engine={"vllm_version": v}, speculative=s).engine.async_scheduling
             assert on is ((v, s["method"]) not in off), (v, s["method"])
+    # Prefix caching: on by default, but for Mamba / linear-attention hybrids only from 0.28
+    # (EngineArgs: is_prefix_caching_supported is False for hybrids in 0.19-0.25, 0.26/0.27
+    # keep them opt-in). Sliding-window layouts are not hybrids in vLLM's sense.
+    mamba = [{"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}]
+    window = [{"kind": "full_attention", "block_size": 16},
+              {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}]
+    for v in VERSIONS:
+        old = release(v) < (0, 28, 0)
+        gdn = scenario(model={"preset": "qwen3.5-27b"}, engine={"vllm_version": v}).engine
+        by_hand = scenario(engine={"vllm_version": v, "kv_groups": mamba}).engine
+        assert (gdn.enable_prefix_caching, gdn.mamba_cache_mode) == (
+            (False, "none") if old else (True, "align")), v
+        assert by_hand.enable_prefix_caching is not old, v
+        assert scenario(engine={"vllm_version": v, "kv_groups": window}).engine.enable_prefix_caching
+        assert scenario(engine={"vllm_version": v}).engine.enable_prefix_caching
+        assert scenario(model={"preset": "qwen3.5-27b"}, engine={
+            "vllm_version": v, "enable_prefix_caching": True}).engine.enable_prefix_caching
     # H100 (79 GiB, not an A100): `vllm serve` defaults.
     assert (e.max_num_batched_tokens, e.max_num_seqs) == (8192, 1024)
     assert e.max_model_len == 131072  # the model's context length

@@ -313,7 +313,8 @@ def test_h3_mamba_hit_depends_on_how_a_was_chunked(chunks, no_spec, eagle):
 def mamba_chunks_and_hit(version, spec, budget=2048):
     raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": {"vllm_version": version, "num_gpu_blocks": 200, "max_model_len": 1024,
-                      "max_num_batched_tokens": budget, "max_num_seqs": 8, "kv_groups": MAMBA_H3},
+                      "max_num_batched_tokens": budget, "max_num_seqs": 8, "kv_groups": MAMBA_H3,
+                      "enable_prefix_caching": True},  # a hybrid's default before 0.28: off
            "speculative": spec}
     s = build_scheduler(parse_scenario(raw))
     a = Request(RequestSpec("A", 0.0, SegmentTokens([(1, 200)]), 1), 0)
@@ -362,7 +363,8 @@ def test_h3_scheduler_split(version, spec, chunks, hit):
 def test_mamba_junction_split_by_release(version, b_chunks, c_hit):
     raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": {"vllm_version": version, "num_gpu_blocks": 200, "max_model_len": 1024,
-                      "max_num_batched_tokens": 2048, "max_num_seqs": 8, "kv_groups": MAMBA_H3}}
+                      "max_num_batched_tokens": 2048, "max_num_seqs": 8, "kv_groups": MAMBA_H3,
+                      "enable_prefix_caching": True}}
     s = build_scheduler(parse_scenario(raw))
     prompts = {"A": [(1, 200)], "B": [(1, 150), (1000, 100)], "C": [(1, 150), (2000, 50)]}
     chunks, hits = {}, {}
@@ -397,7 +399,8 @@ def test_h3_split_under_a_small_budget_keeps_every_block_state():
 def test_bad_mamba_layouts_are_one_line_errors(version, groups, budget, where, what):
     raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},
            "engine": {"vllm_version": version, "num_gpu_blocks": 1000, "max_model_len": 1024,
-                      "max_num_batched_tokens": budget, "max_num_seqs": 8, "kv_groups": groups}}
+                      "max_num_batched_tokens": budget, "max_num_seqs": 8, "kv_groups": groups,
+                      "enable_prefix_caching": True}}
     with pytest.raises(ConfigError) as exc:
         parse_scenario(raw)
     assert exc.value.where.endswith(where) and what in exc.value.what
