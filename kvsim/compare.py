@@ -25,7 +25,7 @@ from kvsim.workload import build_requests
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "e2e_mean_s", "requests_per_s",
            "output_tokens_per_s", "prefix_cache_hit_rate", "mean_cached_tokens", "num_preemptions",
            "mean_acceptance_length", "external_prefix_cache_hit_rate", "kv_offload_load_gib",
-           "nixl_pulled_gib", "num_decode_only")
+           "nixl_pulled_gib", "num_decode_only", "stopped_by")
 
 
 # EAGLE-3's drafts per step when a comparison chooses it for a model without MTP layers.
@@ -116,6 +116,10 @@ def row(name: str, s: dict) -> dict:
         # the decider sent to a decode instance alone.
         "nixl_pulled_gib": pd["nixl_bytes_transferred"] / GiB if pd else None,
         "num_decode_only": pd["num_decode_only"] if pd else None,
+        # A run cut short (a limit, vLLM's own deadlock or engine death): its figures cover
+        # only the requests that finished before.
+        "stopped_by": s["stopped_by"], "stop_detail": s.get("stop_detail"),
+        "num_finished": s["num_finished"], "num_requests": s["num_requests"],
     }
 
 
@@ -130,13 +134,15 @@ def run_variants(raw: dict, path: Path, variants: list[tuple[str, dict]]):
 
 
 def verdict(rows: list[dict], default: bool) -> list[str]:
-    """Plain sentences: does the combination beat each feature alone (by mean E2E latency)?"""
-    if not default or len(rows) != 4:
-        best = min((r for r in rows if r["e2e_mean_s"] is not None), key=lambda r: r["e2e_mean_s"],
-                   default=None)
-        return [f"Lowest mean E2E latency: {best['variant']} ({best['e2e_mean_s']:.3f} s)."] if best else []
+    """Plain sentences: does the combination beat each feature alone (by mean E2E latency)?
+    A run cut short is named and left out of the comparisons."""
+    lines = [cut_short(r) for r in rows if r["stopped_by"]]
+    if not default or len(rows) != 4 or lines:
+        best = min((r for r in rows if r["e2e_mean_s"] is not None and not r["stopped_by"]),
+                   key=lambda r: r["e2e_mean_s"], default=None)
+        return lines + ([f"Lowest mean E2E latency: {best['variant']} ({best['e2e_mean_s']:.3f} s)."]
+                        if best else [])
     _, cache, spec, both = rows
-    lines = []
     for alone in (cache, spec):
         if both["e2e_mean_s"] is None or alone["e2e_mean_s"] is None:
             continue
@@ -157,6 +163,15 @@ def verdict(rows: list[dict], default: bool) -> list[str]:
             lines.append(f"Speculative decoding cut the mean prefix-cache hit by {lost:,.0f} tokens "
                          f"({cache['mean_cached_tokens']:,.0f} -> {both['mean_cached_tokens']:,.0f}).")
     return lines
+
+
+def cut_short(r: dict) -> str:
+    """A sentence on a variant whose run stopped before its last request finished."""
+    why = {"engine_dead": f"vLLM's engine core dies ({r['stop_detail']})",
+           "stall": "vLLM deadlocks (the head of the waiting queue can never be admitted)"}.get(
+        r["stopped_by"], f"run.{r['stopped_by']} cut the run")
+    return (f"{r['variant']}: {why} after {r['num_finished']} of {r['num_requests']} requests "
+            "finished; its figures cover those only, and it is left out of the comparison.")
 
 
 def table(rows: list[dict], first: str = "variant") -> str:

@@ -123,7 +123,8 @@ def test_verdict_says_but_where_the_latencies_disagree():
                             "e2e_s": {"mean": e}, "throughput": {"requests_per_s": 1,
                                                                  "output_tokens_per_s": 1},
                             "prefix_cache_hit_rate": None, "cached_tokens_mean": 0,
-                            "num_preemptions": 0})
+                            "num_preemptions": 0, "stopped_by": None, "num_finished": 1,
+                            "num_requests": 1})
             for n, t, e in (("neither", 0.05, 3.0), ("prefix caching", 0.02, 2.0),
                             ("mtp", 0.04, 1.5), ("mtp + prefix caching", 0.025, 1.0))]
     lines = compare.verdict(rows, default=True)
@@ -131,3 +132,20 @@ def test_verdict_says_but_where_the_latencies_disagree():
     assert lines[0] == ("mtp + prefix caching beats prefix caching alone on mean E2E: 1.000 s vs "
                         "2.000 s (-50.0 %), but TTFT p50 25.0 vs 20.0 ms (+25.0 %).")
     assert ", and TTFT p50 25.0 vs 40.0 ms (-37.5 %)." in lines[1]
+
+
+def test_a_run_cut_short_is_named_and_left_out_of_the_verdict():
+    from kvsim import compare as cmp
+    base = {"ttft_p50_ms": 1.0, "stopped_by": None, "stop_detail": None, "num_finished": 40,
+            "num_requests": 40, "mean_cached_tokens": 0}
+    rows = [{**base, "variant": "a", "e2e_mean_s": 0.4, "stopped_by": "engine_dead",
+             "stop_detail": "ValueError: Cannot get 1 free blocks from the pool", "num_finished": 27},
+            {**base, "variant": "b", "e2e_mean_s": 0.6}]
+    assert cmp.verdict(rows, default=False) == [
+        "a: vLLM's engine core dies (ValueError: Cannot get 1 free blocks from the pool) after 27 "
+        "of 40 requests finished; its figures cover those only, and it is left out of the "
+        "comparison.", "Lowest mean E2E latency: b (0.600 s)."]
+    # The 2x2's sentences need all four runs whole.
+    four = [{**base, "variant": v, "e2e_mean_s": 1.0} for v in "wxyz"]
+    four[3] = {**four[3], "stopped_by": "max_steps", "num_finished": 3}
+    assert cmp.verdict(four, default=True)[0].startswith("z: run.max_steps cut the run after 3 of 40")

@@ -97,3 +97,18 @@ def test_driver_scenario_carries_the_layout_kvsim_resolved():
         got = out[r.req_id]
         assert (got["first_token_step"], got["finish_step"], got["cached_tokens"]) == (
             r.first_token_step, r.finish_step, r.cached_tokens)
+
+
+def test_a_run_the_engine_dies_in_is_validated_up_to_the_death():
+    # tests/test_cli.py's 0.20.0 workload: kvsim's run ends in the engine's death; the driver's
+    # requests are the ones that joined, and its replay dies in the same step kvsim's run did.
+    import tomllib
+
+    from tests.test_cli import _window_chat
+    sc = parse_scenario(tomllib.loads(_window_chat("0.20.0")))
+    scen = driver_scenario(sc)
+    out = drive(scen, "0.20.0")
+    assert out["engine_dead"]["error"] == "ValueError: Cannot get 1 free blocks from the pool"
+    assert len(out["steps"]) == out["engine_dead"]["step"]
+    rows = {r[0]: r[1:3] for r in agreement(out, out)}
+    assert rows["engine_dead"] == (1, 1)

@@ -44,7 +44,7 @@ def driver_scenario(sc: Scenario) -> dict:
     specs = build_requests(sc)
     accept = acceptance_for(sc, record=True) if sc.speculative.enabled else None
     rec = engine.run(sc, specs, accept=accept)
-    if rec.stopped_by not in (None, "stall"):
+    if rec.stopped_by not in (None, "stall", "engine_dead"):
         raise ConfigError(f"run.{rec.stopped_by}", "validation needs a run that is not cut short")
     e, s = sc.engine, sc.speculative
     eng = {k: getattr(e, k) for k in (
@@ -94,7 +94,7 @@ def run_oracle(python: Path, scenario: dict) -> dict:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigError("oracle", f"vLLM's driver failed (exit {proc.returncode}): {last}")
         result = json.loads(out.read_text())
-    if "error" in result:
+    if "error" in result and "engine_dead" not in result:  # vLLM's own death is a result
         raise ConfigError("oracle", f"vLLM could not run the scenario: {result['error']}")
     return result
 
@@ -121,6 +121,10 @@ def agreement(kvsim: dict, vllm: dict) -> list[tuple[str, int, int, list[str]]]:
             if a != b:
                 bad.append(f"step {i}: kvsim {a} vllm {b}")
         rows.append((f"step.{f}", n - len(bad), n, bad[:3]))
+    if kvsim.get("engine_dead") or vllm.get("engine_dead"):
+        same = kvsim.get("engine_dead") == vllm.get("engine_dead")
+        rows.append(("engine_dead", int(same), 1, [] if same else [
+            f"kvsim {kvsim.get('engine_dead')} vllm {vllm.get('engine_dead')}"]))
     same = kvsim["free_queue_end"] == vllm["free_queue_end"]
     rows.append(("free_queue_end", int(same), 1, [] if same else ["final free-queue order differs"]))
     return rows
