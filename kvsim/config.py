@@ -545,13 +545,19 @@ def check_retention_interval(where: str, value: int | str | None, sem: Semantics
         return "dense" if d is None else d
     if isinstance(value, str):  # "dense", the only string the key takes
         return value
-    if not sem.has_prefix_cache_retention_interval:
+    if sem.retention_setting == "none":
         raise ConfigError(where, f"vLLM {sem.version} has no such setting (its checkpoints are "
                           "dense); leave it out or set it to \"dense\"")
+    kinds = ("sliding_window", "mamba") if sem.hybrid.mamba_retention else ("sliding_window",)
+    if (value > 0 or sem.retention_setting == "env") and not any(
+            g.kind in kinds for g in groups or ()):
+        # 0.23-0.28 take it from VLLM_PREFIX_CACHE_RETENTION_INTERVAL and refuse any value there.
+        name = ("VLLM_PREFIX_CACHE_RETENTION_INTERVAL" if sem.retention_setting == "env"
+                else "prefix_cache_retention_interval")
+        raise ConfigError(where, f"{value} has no effect without a {' or '.join(kinds)} group in "
+                          f"engine.kv_groups (vLLM {sem.version} refuses {name} then); "
+                          + ("leave it out" if sem.retention_setting == "env" else "set it to 0"))
     if value > 0:
-        if not any(g.kind in ("sliding_window", "mamba") for g in groups or ()):
-            raise ConfigError(where, f"{value} has no effect without a sliding_window or mamba "
-                              "group in engine.kv_groups (vLLM refuses it); set it to 0")
         unit = math.lcm(*(g.block_size for g in groups))
         if value % unit:
             raise ConfigError(where, f"{value} must be a multiple of the scheduler block size "

@@ -238,12 +238,14 @@ ENGINE_KEYS = (
         "`[[cluster.deployment]]`; a cluster with producers needs consumers (see P/D "
         "disaggregation).", choices=KV_ROLES_ALL),
     Key("prefix_cache_retention_interval", RETENTION, None, "Which sliding-window and Mamba "
-        "checkpoints the prefix cache keeps (`--prefix-cache-retention-interval`, vLLM 0.32+): `0` "
-        "only a prompt's replay boundary and the shared-prefix junctions lookups find; a positive "
-        "multiple of the scheduler block size (the lcm of the group block sizes) also one per "
-        "that many tokens; `\"dense\"` (vLLM's `None`) one at every scheduler block. Default: the "
-        "release's (`0` for 0.32 and 0.33; `\"dense\"` before 0.32, which has no such setting).",
-        derived=True),
+        "checkpoints the prefix cache keeps (`--prefix-cache-retention-interval`, vLLM 0.29+; "
+        "0.23-0.28: the `VLLM_PREFIX_CACHE_RETENTION_INTERVAL` environment variable, which this "
+        "key stands for): `0` only a prompt's replay boundary and (0.26+) the shared-prefix "
+        "junctions lookups find; a positive multiple of the scheduler block size (the lcm of the "
+        "group block sizes) also one per that many tokens; `\"dense\"` (vLLM's `None`) one at "
+        "every scheduler block. Default: the release's (`0` from 0.29, `\"dense\"` on 0.29 for a "
+        "Mamba hybrid with an EAGLE-family drafter; `\"dense\"` before 0.29). 0.23 applies it to "
+        "sliding windows only.", derived=True),
 )
 
 GROUP_KEYS = (

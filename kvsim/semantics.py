@@ -17,6 +17,7 @@ from kvsim.model import GiB
 
 PadNewDecode = Literal["never", "running", "running_fits", "running_or_hit"]
 FreeOrder = Literal["never", "with_caching", "always"]
+RetentionSetting = Literal["none", "env", "config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +178,10 @@ class Semantics:
     # junctions only), or None: dense, every U boundary. History (read from the wheels): 0.19
     # and 0.22 have nothing (dense); 0.23-0.28 an environment variable,
     # VLLM_PREFIX_CACHE_RETENTION_INTERVAL, unset = dense (envs.py); 0.29 the CacheConfig
-    # field, default 0 (the variable deprecated); 0.30+ Field(default=0).
-    has_prefix_cache_retention_interval: bool
+    # field, default 0 (the variable deprecated); 0.30+ Field(default=0). ``retention_setting``:
+    # "none" (dense only), "env" (the variable: kvsim's prefix_cache_retention_interval sets
+    # it; vLLM refuses it, 0 too, without a group it applies to) or "config" (the field).
+    retention_setting: RetentionSetting
     default_prefix_cache_retention_interval: int | None
     # 0.29: left unset, the interval is dense for a Mamba hybrid with an EAGLE-family drafter
     # (engine/arg_utils.py:2395-2407: the drop makes the one replay boundary unreachable).
@@ -258,7 +261,7 @@ _V033 = Semantics(
     stale_outputs_on_preempt=True,
     has_max_in_flight_tokens=True,
     batch_queue_fill_requires_execution=False,
-    has_prefix_cache_retention_interval=True,
+    retention_setting="config",
     default_prefix_cache_retention_interval=0,
     retention_dense_for_hybrid_eagle=False,
     has_mamba_prefill_checkpoints=True,
@@ -295,7 +298,7 @@ _V022 = replace(_V032, version="0.22.1", free_unhashed_to_front="never", batch_t
                 has_num_in_flight_tokens=False, stale_outputs_on_preempt=False,
                 has_max_in_flight_tokens=False,
                 batch_queue_fill_requires_execution=True,
-                has_prefix_cache_retention_interval=False,
+                retention_setting="none",
                 default_prefix_cache_retention_interval=None,
                 has_mamba_prefill_checkpoints=False,
                 layout=LayoutRules(hybrid_align="platform", hybrid_backend_alignment=False,
@@ -340,14 +343,21 @@ _V0200 = replace(_V021, version="0.20.0", hybrid=replace(_V021.hybrid, swa_admis
 # caches one block past U and the window mask keeps it (kv_cache_coordinator.py:554-580,
 # single_type_kv_cache_manager.py:714), and a window's or an old Mamba state's unhashed
 # blocks go to the free queue's front (single_type_kv_cache_manager.py:497-501, 751-765).
+# VLLM_PREFIX_CACHE_RETENTION_INTERVAL comes with 0.23 (envs.py:285, kv_cache_coordinator.py
+# :30-57, 121-127): sliding windows only, a tail at num_prompt_tokens - 1 alone
+# (single_type_kv_cache_manager.py:739-746).
 _V023 = replace(_V022, version="0.23.0", lookahead_on_admission=True,
-                batch_queue_fill_requires_execution=False,
-                hybrid=replace(_V022.hybrid, writes="eagle_extra", skipped_unhashed_to_front=True))
+                batch_queue_fill_requires_execution=False, retention_setting="env",
+                hybrid=replace(_V022.hybrid, writes="eagle_extra", skipped_unhashed_to_front=True,
+                               mamba_retention=False, retention_junction=False,
+                               junction_eagle_tail=False, replay_boundaries_eagle=False))
 # 0.24.0: every free puts unhashed blocks at the queue's front (block_pool.py:614-635), and
 # an admission's first Mamba chunk stops at the shared-prefix junction (scheduler.py:377-385).
+# Retention sparsifies Mamba states too (kv_cache_coordinator.py:41-52,
+# single_type_kv_cache_manager.py:1021-1069).
 _V024 = replace(_V023, version="0.24.0", free_unhashed_to_front="always",
                 hybrid=replace(_V023.hybrid, mamba_split="last_block_junction",
-                               skipped_unhashed_to_front=False))
+                               skipped_unhashed_to_front=False, mamba_retention=True))
 # 0.25.0: the DP client's scan start moves on after every balanced pick (core_client.py
 # :1437-1442), and a one-token admission is padded to a verify row when running requests were
 # scheduled (scheduler.py:812-826).
@@ -359,13 +369,14 @@ _V025 = replace(_V024, version="0.25.0", dp=replace(_V024.dp, rotate_start=True)
 # (kv_cache_manager.py:443-447), preemption still the old way; full attention caps later
 # passes at its own hit (:728-736), no look-ahead margin for Mamba (:746-756); the prompt-tail
 # entry at num_prompt_tokens (:765-792); the Mamba split's mandatory stops (:355-423), the
-# computed count no longer stepped back (:1384-1394).
+# computed count no longer stepped back (:1384-1394); under sparse retention the shared-prefix
+# junction is a reachable boundary too (:428-431).
 _V026 = replace(_V025, version="0.26.0", cached_tokens_until_first_token=False,
                 has_max_in_flight_tokens=True, has_num_in_flight_tokens=True,
                 hybrid=replace(_V025.hybrid, cap_at_full_attention_hit=True,
                                mamba_eagle_margin=False, partial_tail_hashes=True,
                                partial_tail_limit="prompt", mamba_split="last_block_stops",
-                               mamba_skip_back_spec_blocks=False))
+                               mamba_skip_back_spec_blocks=False, retention_junction=True))
 # 0.27.0: prefix-cache stats at admission (kv_cache_manager.py:218-227, scheduler.py
 # :1016-1020); preempting a request with outputs in flight marks them stale
 # (scheduler.py:1274-1313); the DP client scores in-flight requests and dense ranks publish
@@ -396,7 +407,7 @@ _V028 = replace(_V027, version="0.28.0", batch_tier_160gib=True, per_request_dra
 # :459); every full-attention group is trimmed to the hit; a one-token admission beside
 # running requests is padded only if the row fits max_model_len (scheduler.py:962-982).
 _V029 = replace(_V028, version="0.29.0", pad_new_decode_to_spec_width="running_fits",
-                has_prefix_cache_retention_interval=True,
+                retention_setting="config",
                 default_prefix_cache_retention_interval=0, retention_dense_for_hybrid_eagle=True,
                 hybrid=replace(_V028.hybrid, trim_all_full_groups=True, junction_eagle_tail=False,
                                replay_boundaries_eagle=False))

@@ -165,7 +165,7 @@ def test_h1_default_retention(L, eagle_drop):
     assert repeat_hit(L, H1_GROUPS, drop, retention=None) == eagle_drop
 
 
-def _swa_example(retention):
+def _swa_example(retention, version="0.33.0"):
     # Issue #17's example: layout [sliding_window 16 w 64, full 16, full 128], U = 128, the window
     # needs cdiv(63, 16) = 4 blocks. A (1,315 tokens) keeps its window tail only at its replay
     # boundary rd(1314, 128) = 1280. B shares 1,137 tokens with A: full attention allows
@@ -186,7 +186,7 @@ def _swa_example(retention):
         engine["prefix_cache_retention_interval"] = retention
     reqs = [{"req_id": n, "prompt_token_ids": p, "max_tokens": 2, "join_step": 10 * i,
              "output_token_id": -(i + 1)} for i, (n, p) in enumerate([("A", A), ("B", B), ("C", C)])]
-    res = drive({"engine": engine, "requests": reqs}, "0.33.0")
+    res = drive({"engine": engine, "requests": reqs}, version)
     return [res["requests"][n]["cached_tokens"] for n in "ABC"]
 
 
@@ -194,6 +194,20 @@ def _swa_example(retention):
     (None, [0, 0, 1024]), (0, [0, 0, 1024]), ("dense", [0, 1024, 1152]), (256, [0, 1024, 1024])])
 def test_sliding_window_retention(retention, expected):
     assert _swa_example(retention) == expected
+
+
+@pytest.mark.parametrize("version, retention, expected", [
+    # 0.23-0.28 read VLLM_PREFIX_CACHE_RETENTION_INTERVAL: unset, dense (B 1024, C 1152).
+    ("0.28.0", None, [0, 1024, 1152]),
+    # 0.23-0.25 keep no junction tail: B keeps only its replay boundary's (1408), so C's
+    # window finds nothing at or below 1152: 0. 0.26 keeps B's junction tail at 1024, as 0.33.
+    ("0.23.0", 0, [0, 0, 0]), ("0.25.0", 0, [0, 0, 0]), ("0.26.0", 0, [0, 0, 1024]),
+    # Interval 256 in any of them: A's tails at every 256 serve B at 1024, B's serve C at 1024.
+    ("0.23.0", 256, [0, 1024, 1024]), ("0.27.0", 256, [0, 1024, 1024]),
+])
+def test_sliding_window_retention_through_the_environment_variable(version, retention, expected):
+    # (Each also what that release's own Scheduler gives, run through kvsim/oracle/vllm_driver.py.)
+    assert _swa_example(retention, version) == expected
 
 
 @pytest.mark.parametrize("version, retention, expected", [
@@ -227,6 +241,13 @@ def test_mamba_retention(version, retention, expected):
     ({"prefix_cache_retention_interval": -1}, 'integer >= 0 or "dense"'),
     ({"prefix_cache_retention_interval": "sparse"}, 'integer >= 0 or "dense"'),
     ({"prefix_cache_retention_interval": 0, "vllm_version": "0.22.1"}, "has no such setting"),
+    # 0.23-0.28's variable: vLLM refuses 0 too without a group it applies to, and 0.23 applies
+    # it to sliding windows only.
+    ({"prefix_cache_retention_interval": 0, "vllm_version": "0.28.0"},
+     "refuses VLLM_PREFIX_CACHE_RETENTION_INTERVAL"),
+    ({"prefix_cache_retention_interval": 64, "vllm_version": "0.23.0", "kv_groups": [
+        {"kind": "full_attention", "block_size": 64}, {"kind": "mamba", "block_size": 64}]},
+     "no effect without a sliding_window group"),
 ])
 def test_bad_retention_is_a_one_line_error(engine, what):
     raw = {"model": LLAMA_MTP, "hardware": {"preset": "h200"},

@@ -131,6 +131,14 @@ REGRESSIONS = {
                                          "takes 2, and the pool raises (the engine dies)",
     ("vllm-0.20.0-regressions", 100066): "same, for a first chunk: counts the window's capped "
                                          "blocks, asks the pool for all 8",
+    ("vllm-0.23.0-regressions", 100038): "0.23-0.28 read VLLM_PREFIX_CACHE_RETENTION_INTERVAL; "
+                                         "0.23 sparsifies windows only (every Mamba state kept) "
+                                         "and keeps no junction tail",
+    ("vllm-0.24.0-regressions", 100007): "0.24/0.25 sparsify Mamba states too, still without "
+                                         "junction tails",
+    ("vllm-0.24.0-regressions", 100022): "same (Mamba alone with the variable set)",
+    ("vllm-0.26.0-regressions", 100012): "0.26+ keep the shared-prefix junction's window tail",
+    ("vllm-0.26.0-regressions", 100026): "same, for a Mamba state",
 }
 
 

@@ -218,6 +218,14 @@ class HybridRules:
     # a replay can resume at (0.30+, kv_cache_coordinator.py replay_boundaries); 0.29 only
     # that of num_prompt_tokens - 1 (0.29 single_type_kv_cache_manager.py:459).
     replay_boundaries_eagle: bool = True
+    # Sparse retention applies to Mamba states too (0.24+, MambaManager.reachable_block_mask;
+    # 0.23 sparsifies sliding windows only and keeps every Mamba state, 0.23
+    # kv_cache_coordinator.py:38-50).
+    mamba_retention: bool = True
+    # Under sparse retention the shared-prefix junction a lookup found is a reachable boundary
+    # too (0.26+, single_type_kv_cache_manager.py cache_blocks: reachable_boundaries); 0.23-0.25
+    # keep only the replay boundary's tail (0.23 :739-746).
+    retention_junction: bool = True
 
 
 class _Group:
@@ -849,7 +857,7 @@ class HybridKVCacheManager:
         cache_blocks, 0.32+)."""
         out = list(replay_boundaries(req.num_prompt_tokens, self.block_size,
                                      self.replay_eagle_drop and self.rules.replay_boundaries_eagle))
-        junction = req.shared_prefix_boundary
+        junction = req.shared_prefix_boundary if self.rules.retention_junction else 0
         if junction:
             out.append(junction)
             if g.use_eagle and self.rules.junction_eagle_tail:
@@ -864,7 +872,8 @@ class HybridKVCacheManager:
         (token positions; see ``_reachable_boundaries``)."""
         kind, interval = g.spec.kind, self.retention_interval
         if self.rules.writes == "all" or kind == "full_attention" or (
-                kind == "mamba" and (interval is None or not self.mamba_align)):
+                kind == "mamba" and (interval is None or not self.mamba_align
+                                     or not self.rules.mamba_retention)):
             return None
         b, U = g.block_size, self.block_size
         mask = [False] * (end - start)

@@ -156,9 +156,13 @@ def random_scenario(seed: int, spec: bool = False, hybrid: bool | str = False,
             requests[-1]["accepted"] = [rng.randint(0, k) for _ in range(rng.randint(1, 4))]
     if hybrid and rng.random() < 0.4:
         # Checkpoint retention other than the release's default: dense (any release) or
-        # periodic (0.32+; left out for an older release, whose checkpoints are dense).
+        # periodic (0.23+; left out for an older release, whose checkpoints are dense); 0,
+        # replay boundaries only, is not the default of 0.23-0.28 (an environment variable).
         retention = rng.choice(["dense", U, 2 * U, 4 * U])
-        if retention == "dense" or sem is None or sem.has_prefix_cache_retention_interval:
+        if (sem is not None and sem.retention_setting == "env"
+                and random.Random(seed * 31 + 7).random() < 0.3):  # (not the main stream)
+            retention = 0
+        if retention == "dense" or sem is None or sem.retention_setting != "none":
             engine["prefix_cache_retention_interval"] = retention
     if spec and engine["speculative"]["method"] == "mtp" and rng.random() < 0.3:
         # Multi-module MTP: k modules, each reading one token further (prefill look-ahead k);

@@ -37,8 +37,10 @@ Input schema (every engine key is optional; the defaults are below):
           async_scheduling: bool (default false)
           prefix_cache_retention_interval: int >= 0 | "dense" (CacheConfig's
                        field, "dense" for its None; absent: CacheConfig's own
-                       default, i.e. the engine's; releases without the field
-                       accept only "dense" and absent)
+                       default, i.e. the engine's; 0.23-0.28, without the field,
+                       read VLLM_PREFIX_CACHE_RETENTION_INTERVAL, which the
+                       driver sets for an int and unsets otherwise; older
+                       releases accept only "dense" and absent)
           kv_offloading: {cpu_chunks (the CPU tier's size in offload chunks; the
                        driver sets cpu_bytes_to_use to exactly that many of the
                        chunks vLLM's CPUOffloadingSpec sizes), eviction_policy
@@ -615,6 +617,9 @@ def engine_default_gaps() -> list[str]:
     return _ENGINE_DEFAULT_GAPS
 
 
+RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+
+
 def build_scheduler(engine: dict):
     """Return (scheduler, request_block_hasher or None, warnings, info)."""
     gaps = engine_default_gaps()
@@ -681,6 +686,7 @@ def build_scheduler(engine: dict):
         cache_kwargs["mamba_cache_mode"] = mamba_mode
         if prefix_caching:
             cache_kwargs["mamba_block_size"] = int(mamba_groups[0]["block_size"])
+    os.environ.pop(RETENTION_ENV, None)  # (a previous scenario's)
     if "prefix_cache_retention_interval" in engine:
         retention = engine["prefix_cache_retention_interval"]
         has_field = "prefix_cache_retention_interval" in {
@@ -690,9 +696,12 @@ def build_scheduler(engine: dict):
             if has_field:
                 cache_kwargs["prefix_cache_retention_interval"] = None
         elif not has_field:
-            raise ValueError(
-                "engine.prefix_cache_retention_interval: this vLLM has no such setting"
-            )
+            if RETENTION_ENV not in vllm.envs.environment_variables:
+                raise ValueError(
+                    "engine.prefix_cache_retention_interval: this vLLM has no such setting"
+                )
+            # 0.23-0.28: the coordinator reads the variable when it is built.
+            os.environ[RETENTION_ENV] = str(int(retention))
         else:
             cache_kwargs["prefix_cache_retention_interval"] = int(retention)
     elif mamba_groups and spec_in is not None and spec_in["method"] in EAGLE_FAMILY and (
