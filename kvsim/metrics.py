@@ -496,7 +496,7 @@ def summary_table(summary: dict, out_dir: str | None = None) -> str:
     s = summary
     stop = {None: "", "stall": " (vLLM deadlocks here: the head of the waiting queue can never "
             "be admitted and nothing runs)",
-            "engine_dead": f" (vLLM's engine core dies here: {s['stop_detail']})"}.get(
+            "engine_dead": f" (vLLM's engine core dies here: {s.get('stop_detail')})"}.get(
         s["stopped_by"], f" (stopped by {s['stopped_by']})")
     lines = [
         context_line([s]),
