@@ -53,6 +53,14 @@ def test_agreement_counts_each_field():
     b["requests"][next(iter(b["requests"]))]["finish_step"] = -1
     rows = {f: (ok, total, bad) for f, ok, total, bad in agreement(a, b)}
     assert rows["request.finish_step"][0] == 19 and rows["request.finish_step"][2]
+    # A deadlock is compared by its step (the driver records {step, ...}, replay the step).
+    assert "stall" not in rows
+    rows = {f: (ok, total) for f, ok, total, _ in agreement({**a, "stall": 7}, {**a, "stall": {
+        "step": 7, "running": []}})}
+    assert rows["stall"] == (1, 1)
+    rows = {f: (ok, total) for f, ok, total, _ in agreement({**a, "stall": None}, {**a, "stall": {
+        "step": 7}})}
+    assert rows["stall"] == (0, 1)
 
 
 def test_missing_oracle_is_a_one_line_error(tmp_path, monkeypatch, capsys):

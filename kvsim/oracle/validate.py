@@ -94,7 +94,8 @@ def run_oracle(python: Path, scenario: dict) -> dict:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigError("oracle", f"vLLM's driver failed (exit {proc.returncode}): {last}")
         result = json.loads(out.read_text())
-    if "error" in result and "engine_dead" not in result:  # vLLM's own death is a result
+    if "error" in result and "engine_dead" not in result and "stall" not in result:
+        # (vLLM's own deadlock or engine death is a result, compared up to where it happened)
         raise ConfigError("oracle", f"vLLM could not run the scenario: {result['error']}")
     return result
 
@@ -121,6 +122,11 @@ def agreement(kvsim: dict, vllm: dict) -> list[tuple[str, int, int, list[str]]]:
             if a != b:
                 bad.append(f"step {i}: kvsim {a} vllm {b}")
         rows.append((f"step.{f}", n - len(bad), n, bad[:3]))
+    vstall = (vllm.get("stall") or {}).get("step")  # (the driver's record; kvsim's is a step)
+    if kvsim.get("stall") is not None or vstall is not None:
+        same = kvsim.get("stall") == vstall
+        rows.append(("stall", int(same), 1, [] if same else [
+            f"deadlock at step: kvsim {kvsim.get('stall')} vllm {vstall}"]))
     if kvsim.get("engine_dead") or vllm.get("engine_dead"):
         same = kvsim.get("engine_dead") == vllm.get("engine_dead")
         rows.append(("engine_dead", int(same), 1, [] if same else [
