@@ -14,11 +14,12 @@ import simpy
 from kvsim import dp, engine
 from kvsim.cli import main
 from kvsim.config import parse_scenario
+from kvsim.errors import ConfigError
+from kvsim.oracle.validate import oracle_python
 from kvsim.semantics import VERSIONS
 from kvsim.workload import build_requests
 
 ROOT = Path(__file__).resolve().parents[1]
-ORACLE_HOME = Path.home() / ".cache" / "kvsim" / "oracle"
 
 
 def _streams(rules, seed: int) -> list[dict]:
@@ -70,9 +71,10 @@ def _kvsim_routes(stream: dict, rules) -> list[int]:
 
 @pytest.mark.parametrize("version", list(VERSIONS))
 def test_balancer_routes_as_vllms_own_client(version, tmp_path):
-    python = ORACLE_HOME / f"vllm-{version}" / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no vLLM {version} environment (bash kvsim/oracle/make_env.sh {version})")
+    try:
+        python = oracle_python(version, None)
+    except ConfigError as exc:
+        pytest.skip(str(exc))
     rules = VERSIONS[version].dp
     streams = _streams(rules, seed=int(version.replace(".", "")))
     wire = [{**s, "events": [[kind, arg] for _, kind, arg in s["events"]]} for s in streams]

@@ -74,6 +74,14 @@ def test_missing_oracle_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     assert main(["validate", str(scen)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no oracle environment" in err
+    # One still being built (or cut off): its python is there, make_env.sh's marker is not.
+    env = tmp_path / "vllm-0.33.0"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("")
+    with pytest.raises(ConfigError, match="make_env.sh 0.33.0"):
+        oracle_python("0.33.0", None)
+    (env / ".kvsim-oracle-ok").write_text("")
+    assert oracle_python("0.33.0", None) == env / "bin" / "python"
 
 
 def test_driver_scenario_carries_the_layout_kvsim_resolved():

@@ -27,13 +27,17 @@ STEP_FIELDS = ("scheduled", "preempted", "block_ids", "num_free_blocks", "prefix
 
 
 def oracle_python(version: str, given: str | None) -> Path:
-    """The oracle environment's interpreter for ``version``. Raises ConfigError if absent."""
+    """The oracle environment's interpreter for ``version``: ``given``, else the one
+    ``make_env.sh`` built and finished (its marker; one still being built, or cut off, is not
+    there yet). Raises ConfigError if absent."""
     if given:
         p = Path(given)
+        ready = p.exists()
     else:
         home = Path(os.environ.get("KVSIM_ORACLE_HOME", Path.home() / ".cache/kvsim/oracle"))
         p = home / f"vllm-{version}" / "bin" / "python"
-    if not p.exists():
+        ready = p.exists() and (home / f"vllm-{version}" / ".kvsim-oracle-ok").exists()
+    if not ready:
         raise ConfigError(f"vLLM {version}", f"no oracle environment at {p.parent.parent} "
                           f"(build it with kvsim/oracle/make_env.sh {version}, or pass --oracle-python)")
     return p
