@@ -250,7 +250,8 @@ _GONE = "a worker process ended without its results"
 def _send(conn, msg: tuple) -> None:
     try:
         conn.send(msg)
-    except OSError:
+    except OSError:  # the worker has gone: a failing one left its traceback before it went
+        _recv(conn)
         raise RuntimeError(_GONE) from None
 
 

@@ -82,6 +82,25 @@ def test_a_failing_worker_fails_the_run(monkeypatch):
         _files(CLUSTERS["prefix_aware"], 2)
 
 
+def test_a_worker_that_failed_before_the_parent_wrote_is_reported_with_its_error():
+    """The worker failed and closed its end before the parent's next "go": the parent's
+    write fails, and the worker's traceback, already in the pipe, is what the run reports
+    (it said only that a worker ended, in one of CI's runs)."""
+    import multiprocessing as mp
+
+    from kvsim import parallel
+
+    parent, child = mp.get_context("fork").Pipe()
+    child.send(parallel._Failure("ValueError: boom in a worker"))
+    child.close()
+    with pytest.raises(RuntimeError, match="boom in a worker"):
+        parallel._send(parent, ("go", [], 0, 1))
+    parent, child = mp.get_context("fork").Pipe()
+    child.close()
+    with pytest.raises(RuntimeError, match="ended without its results"):
+        parallel._send(parent, ("go", [], 0, 1))
+
+
 def test_progress_reaches_the_end(tmp_path):
     sc = parse_scenario(CLUSTERS["prefix_aware"])
     seen = []
