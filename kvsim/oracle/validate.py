@@ -23,6 +23,8 @@ from kvsim.schema import Scenario
 from kvsim.workload import build_requests
 
 DRIVER = Path(__file__).with_name("vllm_driver.py")
+# What make_env.sh leaves in an environment once it has finished it (its MARKER).
+ENV_READY = ".kvsim-oracle-ok"
 STEP_FIELDS = ("scheduled", "preempted", "block_ids", "num_free_blocks", "prefix_cache", "spec")
 
 
@@ -35,8 +37,9 @@ def oracle_python(version: str, given: str | None) -> Path:
         ready = p.exists()
     else:
         home = Path(os.environ.get("KVSIM_ORACLE_HOME", Path.home() / ".cache/kvsim/oracle"))
-        p = home / f"vllm-{version}" / "bin" / "python"
-        ready = p.exists() and (home / f"vllm-{version}" / ".kvsim-oracle-ok").exists()
+        env = home / f"vllm-{version}"
+        p = env / "bin" / "python"
+        ready = p.exists() and (env / ENV_READY).exists()
     if not ready:
         raise ConfigError(f"vLLM {version}", f"no oracle environment at {p.parent.parent} "
                           f"(build it with kvsim/oracle/make_env.sh {version}, or pass --oracle-python)")
