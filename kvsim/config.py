@@ -606,6 +606,9 @@ def _workload(raw: dict, file: str, base: Path | None) -> WorkloadCfg:
             w["documents_per_request"] > w["num_documents"]):
         raise ConfigError(f"{where}.documents_per_request", f"{w['documents_per_request']} exceeds "
                           f"num_documents ({w['num_documents']})")
+    if w["random_range_rule"] == "centered" and w["random_range_ratio"] >= 1:
+        raise ConfigError(f"{where}.random_range_ratio", f"{w['random_range_ratio']} must be below "
+                          "1 with random_range_rule = 'centered' (vllm bench serve refuses it)")
     mean, sd = w["acceptance_rate_mean"], w["acceptance_rate_sd"]
     if mean is not None and 0 < mean < 1 and sd * sd >= mean * (1 - mean):
         raise ConfigError(f"{where}.acceptance_rate_sd", f"{sd} is too large for mean {mean}: a beta "
@@ -760,6 +763,10 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
             and speculative.acceptance != "trace"):
         raise ConfigError(f"{file}: workload.acceptance_rate_mean", "generated acceptances are used "
                           "only with speculative.acceptance = 'trace'")
+    if workload.client and ("cluster" in raw or engine.data_parallel_size > 1):
+        key = "max_concurrency" if workload.max_concurrency is not None else "num_warmups"
+        raise ConfigError(f"{file}: workload.{key}", "a benchmark client runs in front of one "
+                          "engine only, not yet a [cluster] or data-parallel ranks")
     base = path.parent if path else None
     return Scenario(
         path=path,

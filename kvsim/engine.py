@@ -22,6 +22,7 @@ import simpy
 
 from kvsim import fastforward
 from kvsim.assemble import acceptance_for, build_scheduler, cost_inputs
+from kvsim.client import Client
 from kvsim.cost import COST_MODELS
 from kvsim.errors import EngineDeadError
 from kvsim.kv.connector import ConnectorOutput, TimedWorker
@@ -82,6 +83,8 @@ class Records:
     dp_rank: int | None = None
     # An MoE model's DP rank: the dummy batches it ran in lockstep waves, having nothing to run.
     num_dummy_steps: int = 0
+    # When a benchmark client's measured run started, after its warm-ups (kvsim.client).
+    benchmark_start_s: float = 0.0
     # A KV offload tier's counters under vLLM's names (external_prefix_cache_*,
     # kv_offload_{load,store}_{bytes,time}); None without one.
     kv_offload: dict[str, float] | None = None
@@ -188,9 +191,15 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
         return run_cluster(sc, [Request(s, i) for i, s in enumerate(specs)], accept,
                            check_invariants, progress, workers)
     rec = Records(requests=[])
-    arrivals = Arrivals(specs, rec.requests if results is None else None)
+    made = rec.requests if results is None else None
+    w = sc.workload
+    arrivals = (Client(specs, w.max_concurrency, w.num_warmups, made) if w.client
+                else Arrivals(specs, made))
     simulate([(sc, build_scheduler(sc), arrivals, rec)], accept, check_invariants, progress,
              results)
+    if isinstance(arrivals, Client):
+        start = arrivals.benchmark_start_s
+        rec.benchmark_start_s = rec.end_s if start is None else start
     return rec
 
 
@@ -217,7 +226,7 @@ def simulate(engines: Sequence[tuple[Scenario, Scheduler, ArrivalSource, Records
     (replicas share one hash id space)."""
     env = simpy.Environment()
     tallies = []
-    alone = len(engines) == 1 and type(engines[0][2]) is Arrivals
+    alone = len(engines) == 1 and type(engines[0][2]) in (Arrivals, Client)
     costs = [COST_MODELS[sc.cost.model](cost_inputs(sc)) for sc, _, _, _ in engines]
     rank_links = links(env, costs) if links is not None else [None] * len(engines)
     timed = transfers(env) if transfers is not None else [None] * len(engines)

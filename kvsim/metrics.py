@@ -101,7 +101,7 @@ class Results:
         steps_out.write(",".join(engine + STEP_COLUMNS) + "\n")
         self._pending: dict[int, object] = {}
         self._next_seq = 0
-        self.num_requests = self.num_finished = self.num_preemptions = 0
+        self.num_requests = self.num_finished = self.num_preemptions = self.num_warmups = 0
         self.output_tokens = self.finished_prompt_tokens = 0
         self.drafts = self.accepted = self.verifies = 0
         self.cached = array("q")  # cached_tokens of the requests that were admitted
@@ -151,6 +151,9 @@ class Results:
                                       None if r.prefill_done_s is None
                                       else r.prefill_done_s - r.arrival_s)]
                    if self._pd else []))
+        if r.warmup:  # a benchmark client's warm-up: run, listed, not measured
+            self.num_warmups += 1
+            return
         self.num_requests += 1
         ttft, tpot, e2e, queue = (row[_COLUMN[k]] for k in ("ttft_s", "tpot_s", "e2e_s", "queue_s"))
         self.last_arrival_s = max(self.last_arrival_s, r.arrival_s)
@@ -178,7 +181,7 @@ class Results:
         run's end, stop reason, cost label and acceptance counters)."""
         if self._pending:
             raise ValueError(f"request {self._next_seq} never went through")
-        span = rec.end_s
+        span = rec.end_s - rec.benchmark_start_s  # a benchmark client's measured run
         queries, hits = self.queries, self.hits
         e = sc.engine
         return {
@@ -190,6 +193,8 @@ class Results:
             "seed": sc.run.seed,
             "num_requests": self.num_requests,
             "num_finished": self.num_finished,
+            **({"num_warmups": self.num_warmups,
+                "benchmark_start_s": rec.benchmark_start_s} if sc.workload.client else {}),
             "stopped_by": rec.stopped_by,
             "stop_detail": rec.stop_detail,
             "num_steps": self.num_steps,

@@ -150,6 +150,8 @@ class RequestSpec:
     # The conversation / session / user the request belongs to, where the workload says
     # (a cluster's session_affinity router keeps a session on one replica).
     session_id: str | None = None
+    # Sent by a benchmark client before its measured run (left out of the metrics).
+    warmup: bool = False
 
 
 class Request:
@@ -167,6 +169,7 @@ class Request:
         "first_scheduled_s", "first_token_s", "finish_s", "session_id", "replica", "dp_rank",
         "rank", "lz_sched", "lz_upd", "lz_in", "last_sched_seq", "kv_transfer_params",
         "kv_transfer_output", "prefill_replica", "prefill_cached_tokens", "prefill_done_s",
+        "warmup",
     )
 
     def __init__(self, spec: RequestSpec, seq: int):
@@ -214,6 +217,7 @@ class Request:
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
         self.session_id = spec.session_id
+        self.warmup = spec.warmup
         self.replica: int | None = None  # a cluster's router sets it on arrival
         self.dp_rank: int | None = None  # and a replica's DP load balancer its rank
         # Running-list order: larger ranks were admitted later (the scheduler sets it).

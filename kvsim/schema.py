@@ -31,7 +31,12 @@ MAX_REPLICAS = 1024  # engines of a cluster (each its own pool, within MAX_GPU_B
 MAX_OFFLOAD_GIB = 65536.0  # a CPU offload tier (64 TiB); chunks exist only once stored
 WorkloadKind = Literal["trace", "synthetic"]
 TraceFormat = Literal["kvsim", "mooncake", "azure"]
-GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_lengths"]
+GeneratorName = Literal["shared_prefix", "multi_turn", "rag", "agent", "trace_lengths", "random"]
+# How a benchmark client draws the random dataset's lengths around L with range ratio r:
+# ``vllm bench serve`` uniform on [floor(L(1 - r)), ceil(L(1 + r))] (vllm/benchmarks/datasets.py
+# RandomDataset.get_sampling_params); the older ``benchmark_serving.py`` and SGLang's bench_serving
+# uniform on [int(r L), L].
+RandomRangeRule = Literal["centered", "below"]
 ArrivalProcess = Literal["poisson", "gamma", "trace"]
 CostModelName = Literal["roofline", "fitted", "interpolated"]
 RouterName = Literal["round_robin", "random", "least_loaded", "prefix_aware", "session_affinity"]
@@ -344,6 +349,29 @@ WORKLOAD_KEYS = (
     Key("document_tokens", "int", 1024, "rag: tokens per document.", low=1),
     Key("zipf_s", "float", 1.0, "rag: document popularity exponent: the document of rank r is "
         "drawn with weight r^-s (0: uniform).", low=0),
+    Key("random_input_len", "int", 1024, "random: prompt tokens around which lengths are drawn "
+        "(`--random-input-len`; vLLM's default), after the shared `random_prefix_len`.", low=1),
+    Key("random_output_len", "int", 128, "random: output tokens around which lengths are drawn "
+        "(`--random-output-len`); each request generates exactly its drawn length, as with "
+        "`--ignore-eos`.", low=1),
+    Key("random_range_ratio", "float", 0.0, "random: `--random-range-ratio` r: lengths uniform on "
+        "whole numbers in the range `random_range_rule` names (0: every request L).", low=0, high=1),
+    Key("random_range_rule", "str", "centered", "random: the client's range for ratio r around L: "
+        "`centered` = [floor(L(1-r)), ceil(L(1+r))], as `vllm bench serve` draws (r < 1); `below` "
+        "= [int(r L), L], as the older `benchmark_serving.py` (and SGLang's bench_serving, "
+        "InferenceX's client) draws.", choices=get_args(RandomRangeRule)),
+    Key("random_prefix_len", "int", 0, "random: tokens of one random prefix every prompt starts "
+        "with (`--random-prefix-len`).", low=0),
+    Key("max_concurrency", "int", None, "The benchmark client's `--max-concurrency` C: at most C "
+        "requests in flight; a request is sent at its arrival time or, when C are in flight, as "
+        "soon as one finishes (first come, first sent). With `request_rate = inf` that is a "
+        "closed loop: C requests always in flight. TTFT and E2E count from the send. Default: no "
+        "limit (open loop). Not yet with `[cluster]` or data parallel.", low=1),
+    Key("num_warmups", "int", 0, "The client's `--num-warmups`: before the benchmark, this many "
+        "copies of the first request, at most `max_concurrency` at once; the benchmark starts "
+        "when all have finished (arrival times count from then). They run on the engine (and "
+        "fill its prefix cache) but are left out of latencies and throughput (requests.csv lists "
+        "them as `warmup-<i>`).", low=0, high=MAX_REQUESTS),
     Key("acceptance_rate_mean", "float", None, "Give every request an `accepted` list (for "
         "speculative.acceptance = 'trace'; requests that carry one keep it): a per-request "
         "acceptance rate p drawn from a beta distribution with this mean, each draft position "
@@ -595,8 +623,21 @@ class WorkloadCfg:
     documents_per_request: int
     document_tokens: int
     zipf_s: float
+    random_input_len: int
+    random_output_len: int
+    random_range_ratio: float
+    random_range_rule: RandomRangeRule
+    random_prefix_len: int
+    max_concurrency: int | None
+    num_warmups: int
     acceptance_rate_mean: float | None
     acceptance_rate_sd: float
+
+    @property
+    def client(self) -> bool:
+        """A benchmark client sends the requests (``max_concurrency`` or warm-ups), not the
+        arrival times alone."""
+        return self.max_concurrency is not None or self.num_warmups > 0
 
     @property
     def reads_trace(self) -> bool:

@@ -18,6 +18,8 @@ generation order, so only the parts meant to be shared are shared:
                    mean ``input_tokens``) and the previous action at every step; outputs short.
 ``trace_lengths``  ``[ fresh prompt ]``, (prompt, output) lengths drawn from a trace's
                    requests (its empirical distribution), arrivals from the arrival process.
+``random``         ``[ shared random prefix | fresh prompt ]``, vLLM's benchmark ``random``
+                   dataset: lengths uniform around ``random_input_len`` / ``random_output_len``.
 
 Session ids (for a cluster's ``session_affinity`` router): the user (``shared_prefix``), the
 conversation (``multi_turn``), the session (``agent``); ``rag`` requests have none.
@@ -30,6 +32,7 @@ not wait for the answer).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -172,4 +175,35 @@ def trace_lengths(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals,
     return specs()
 
 
-GENERATORS = {"shared_prefix": shared_prefix, "multi_turn": multi_turn, "rag": rag, "agent": agent}
+def random_lengths(length: int, ratio: float, rule: str, size: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    """``size`` lengths drawn as a benchmark client's random dataset draws them around
+    ``length`` with range ratio ``ratio``: uniform whole numbers on [floor(L(1 - r)),
+    ceil(L(1 + r))] (``centered``, vllm bench serve) or [int(r L), L] (``below``,
+    benchmark_serving.py), at least 1."""
+    if rule == "centered":
+        low, high = math.floor(length * (1 - ratio)), math.ceil(length * (1 + ratio))
+    else:
+        low, high = int(length * ratio), length
+    return rng.integers(max(low, 1), max(high, 1) + 1, size=size)
+
+
+def random_dataset(w: WorkloadCfg, rng: np.random.Generator, arrivals: Arrivals) -> list[RequestSpec]:
+    """vLLM's ``random`` benchmark dataset: ``[ prefix | fresh tokens ]``, the prefix one run
+    shared by every request (``random_prefix_len``), the rest drawn per request and shared with
+    none (vLLM's prompts start at a random offset in the vocabulary); output lengths drawn the
+    same way and generated in full (``--ignore-eos``)."""
+    n = w.num_requests
+    times = arrivals(n)
+    inputs = random_lengths(w.random_input_len, w.random_range_ratio, w.random_range_rule, n, rng)
+    outputs = random_lengths(w.random_output_len, w.random_range_ratio, w.random_range_rule, n,
+                             rng)
+    ids = _Ids()
+    prefix = [ids.take(w.random_prefix_len)] if w.random_prefix_len else []
+    return [RequestSpec(req_id=f"r{i}", arrival_s=float(times[i]),
+                        prompt=SegmentTokens(prefix + [ids.take(int(inputs[i]))]),
+                        max_tokens=int(outputs[i])) for i in range(n)]
+
+
+GENERATORS = {"shared_prefix": shared_prefix, "multi_turn": multi_turn, "rag": rag, "agent": agent,
+              "random": random_dataset}
