@@ -71,10 +71,14 @@ def cost_inputs(sc: Scenario) -> CostInputs:
     return CostInputs(
         model=sc.model, tensor_parallel_size=e.tensor_parallel_size,
         kv_cache_dtype=e.kv_cache_dtype, peak_flops_per_s=hw.peak_flops_per_s,
+        peak_fp8_flops_per_s=hw.peak_fp8_flops_per_s,
+        peak_fp4_flops_per_s=hw.peak_fp4_flops_per_s,
         mem_bandwidth_bytes_per_s=hw.mem_bandwidth_bytes_per_s,
         interconnect_bandwidth_bytes_per_s=hw.interconnect_bandwidth_bytes_per_s,
         interconnect_latency_s=hw.interconnect_latency_s,
-        compute_efficiency=c.compute_efficiency, bandwidth_efficiency=c.bandwidth_efficiency,
+        compute_efficiency=c.compute_efficiency,
+        moe_compute_efficiency=c.moe_compute_efficiency,
+        bandwidth_efficiency=c.bandwidth_efficiency,
         step_overhead_s=c.step_overhead_s, profile=Path(c.profile) if c.profile else None,
         layer_profile=Path(c.layer_profile) if c.layer_profile else None,
         drafter=Drafter(s.method, s.num_speculative_tokens, draft))

@@ -381,10 +381,6 @@ def cmd_init(args) -> int:
     if not words:
         raise ConfigError("kvsim init", "give the vllm serve command after --, e.g. kvsim init -- "
                           "vllm serve Qwen/Qwen3-32B -tp 2")
-    if presets.load("hardware", args.hardware) is None:
-        known = presets.names("hardware")
-        raise ConfigError("--hardware", f"unknown hardware preset {args.hardware!r}; known: "
-                          f"{', '.join(known)}")
     text, not_modelled = init(words, args.hardware, args.vllm or DEFAULT_VERSION)
     if not_modelled:
         print(f"kvsim init: not modelled, left out: {', '.join(dict.fromkeys(not_modelled))}",
@@ -557,10 +553,17 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("-q", "--quiet", action="store_true", help="no per-point progress")
     cal.set_defaults(func=cmd_calibrate)
     ini = sub.add_parser("init", help="write a scenario from a vllm serve command line",
-                         usage="kvsim init [--hardware NAME] [--vllm VERSION] [--out FILE] -- "
+                         usage="kvsim init [--hardware SPEC] [--vllm VERSION] [--out FILE] -- "
                                "vllm serve MODEL [FLAGS...]")
-    ini.add_argument("--hardware", default="h100-sxm", help="hardware preset of the GPU it runs on "
-                     "(default h100-sxm; kvsim presets lists them)")
+    ini.add_argument("--hardware", default="h100-sxm", metavar="SPEC", help="the GPU it runs on: a "
+                     "hardware preset (default h100-sxm; kvsim presets lists them), a TOML file of "
+                     "[hardware] keys (name defaults to the file's stem), or comma-separated "
+                     "key=value pairs, alone or after a preset or file to override it: "
+                     "b200,mem_bandwidth_bytes_per_s=7e12 or name=my-gpu,memory_bytes=180e9,"
+                     "mem_bandwidth_bytes_per_s=5e12,peak_flops_per_s=1.2e15 (a GPU with no preset "
+                     "needs memory_bytes, mem_bandwidth_bytes_per_s, peak_flops_per_s; "
+                     "compute_capability for MLA and hybrid models; "
+                     "interconnect_bandwidth_bytes_per_s with -tp > 1)")
     ini.add_argument("--vllm", help="the vLLM release whose flags and defaults to use (default: "
                      "kvsim's newest)")
     ini.add_argument("--out", help="scenario file to write (default: standard output)")

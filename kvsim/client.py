@@ -12,9 +12,10 @@ from the send (``request_func`` takes its start time there), so here a request's
     send_i = max(due_i, the earliest time a slot is free after send_(i-1))
 
 A send is final once the clock reaches it: a slot frees only when a request finishes, never
-earlier than now. Warm-ups are marked (``RequestSpec.warmup``): they run on the engine, and
-fill its prefix cache, but the metrics leave them out and count throughput from
-``benchmark_start_s``.
+earlier than now. The request reaches the scheduler ``frontend_latency_s`` after its send (the
+API server's tokenizing and hand-over, and the first token's way back, in one term).
+Warm-ups are marked (``RequestSpec.warmup``): they run on the engine, and fill its prefix
+cache, but the metrics leave them out and count throughput from ``benchmark_start_s``.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ class Client:
     it is sent."""
 
     __slots__ = ("_specs", "_next", "_warm", "_warm_left", "_free", "_made", "_seq", "total",
-                 "benchmark_start_s")
+                 "benchmark_start_s", "_latency_s", "_sent")
 
     def __init__(self, specs: Iterable[RequestSpec], max_concurrency: int | None,
-                 num_warmups: int, made: list[Request] | None = None):
+                 num_warmups: int, made: list[Request] | None = None,
+                 frontend_latency_s: float = 0.0):
+        self._latency_s = frontend_latency_s
+        self._sent: deque[Request] = deque()  # sent, not yet at the scheduler
         self._specs = iter(specs)
         self._next: RequestSpec | None = next(self._specs, None)
         first = self._next
@@ -62,7 +66,7 @@ class Client:
             return None, 0.0
         return self._next, self.benchmark_start_s + self._next.arrival_s
 
-    def next_arrival_s(self) -> float | None:
+    def _send_s(self) -> float | None:
         """When the next request is sent, as far as is known now: None when none is due or
         every slot is taken (a slot frees when a request finishes)."""
         spec, due = self._head()
@@ -72,19 +76,29 @@ class Client:
             return due
         return max(due, self._free[0]) if self._free else None
 
+    def next_arrival_s(self) -> float | None:
+        """When the next request reaches the scheduler, as far as is known now."""
+        if self._sent:
+            return self._sent[0].arrival_s + self._latency_s
+        t = self._send_s()
+        return None if t is None else t + self._latency_s
+
     def arrived(self, now: float) -> list[Request]:
-        """The requests sent by ``now`` and not yet handed out, in order."""
-        out = []
-        while (t := self.next_arrival_s()) is not None and t <= now:
+        """The requests at the scheduler by ``now`` and not yet handed out, in order."""
+        while (t := self._send_s()) is not None and t <= now:
+            spec: RequestSpec | None
             if self._warm:
                 spec = self._warm.popleft()
             else:
                 spec = self._next
-                assert spec is not None  # (next_arrival_s found it)
+                assert spec is not None  # (_send_s found it)
                 self._next = next(self._specs, None)
             if self._free is not None:
                 self._free.popleft()
-            out.append(self._make(replace(spec, arrival_s=t)))
+            self._sent.append(self._make(replace(spec, arrival_s=t)))
+        out = []
+        while self._sent and self._sent[0].arrival_s + self._latency_s <= now:
+            out.append(self._sent.popleft())
         return out
 
     def _make(self, spec: RequestSpec) -> Request:
@@ -113,7 +127,8 @@ class Client:
 
     def rest(self) -> list[Request]:
         """Every request not sent (made now, at the time it was due)."""
-        out = [self._make(s) for s in self._warm]
+        out = [*self._sent, *(self._make(s) for s in self._warm)]
+        self._sent.clear()
         self._warm.clear()
         start = self.benchmark_start_s or 0.0
         while self._next is not None:

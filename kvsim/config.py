@@ -12,10 +12,12 @@ raises ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 import tomllib
 from dataclasses import fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -699,12 +701,33 @@ def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: Engi
     elif c["layer_profile"]:
         raise ConfigError(f"{file}: cost.layer_profile", "is used only with cost.model = "
                           "'interpolated'")
+    fitted_roofline = roofline_constants(hw.compute_capability)
+    for key in ("compute_efficiency", "moe_compute_efficiency", "bandwidth_efficiency"):
+        if c[key] is None:
+            c[key] = fitted_roofline[key]
     if c["step_overhead_s"] is None:
-        c["step_overhead_s"] = 0.0 if c["model"] == "interpolated" else 0.002
+        c["step_overhead_s"] = (0.0 if c["model"] == "interpolated" else
+                                fitted_roofline["step_overhead_s"] if c["model"] == "roofline"
+                                else 0.002)
+    if c["frontend_latency_s"] is None:
+        client = (raw.get("workload", {}).get("max_concurrency") is not None
+                  or raw.get("workload", {}).get("num_warmups", 0))
+        c["frontend_latency_s"] = fitted_roofline["frontend_latency_s"] if client else 0.0
     if c["model"] == "roofline" and hw.peak_flops_per_s is None:
         raise ConfigError(f"{file}: hardware.peak_flops_per_s", "missing: the roofline cost model "
                           "needs it (or give cost.profile, a fitted profile)")
     return _build(CostCfg, c)
+
+
+@functools.cache
+def _roofline_table() -> dict:
+    return tomllib.loads((resources.files("kvsim") / "presets" / "roofline.toml").read_text())
+
+
+def roofline_constants(compute_capability: str | None) -> dict[str, float]:
+    """The roofline's fitted constants for a GPU generation (kvsim/presets/roofline.toml)."""
+    table = _roofline_table()
+    return {**table["default"], **table.get(compute_capability or "", {})}
 
 
 def _layer_profile(name: str | None, file: str, base: Path | None, model: ModelCfg,

@@ -193,8 +193,8 @@ def run(sc: Scenario, specs: Iterable[RequestSpec], check_invariants: bool = Fal
     rec = Records(requests=[])
     made = rec.requests if results is None else None
     w = sc.workload
-    arrivals = (Client(specs, w.max_concurrency, w.num_warmups, made) if w.client
-                else Arrivals(specs, made))
+    arrivals = (Client(specs, w.max_concurrency, w.num_warmups, made, sc.cost.frontend_latency_s)
+                if w.client else Arrivals(specs, made))
     simulate([(sc, build_scheduler(sc), arrivals, rec)], accept, check_invariants, progress,
              results)
     if isinstance(arrivals, Client):

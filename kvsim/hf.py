@@ -219,9 +219,9 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
     vision = _vision_params(fam.vision, cfg, where, H)
     total = body + vision
     active = total - embed - vision - len(moe_layers) * (moe - active_moe)
-    quant = cfg.get("quantization_config") or {}
+    quantization = _quantization(cfg.get("quantization_config"))
     quantized = 0
-    if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":
+    if quantization == "mxfp4":
         # gpt-oss: the experts' projection weights (not their biases) in MXFP4.
         quantized = len(moe_layers) * experts * 3 * H * inter
 
@@ -240,12 +240,31 @@ def model_from_config(cfg: dict, where: str, *, name: str = "", hf_id: str = "",
         architecture=arch,
         layer_types=layer_types if set(layer_types) != {"full_attention"} else (),
         sliding_window=window, linear_attention=gdn, index_head_dim=index_head_dim,
-        quantized_params=quantized, hf_id=hf_id,
+        quantization=quantization, quantized_params=quantized, hf_id=hf_id,
         # The routed experts alone: (E − k) of them are the block's inactive part.
         routed_expert_params=(len(moe_layers) * (moe - active_moe) // (experts - top_k) * experts
                               if experts > top_k else 0),
         preset=preset,
         config=config)
+
+
+def _quantization(q) -> str | None:
+    """vLLM's quantization method for a config.json's ``quantization_config`` (None: the
+    weights are in the dtype, or a whole-model FP8 checkpoint, which ``_dtype`` reads as
+    float8): ModelOpt by its quant_algo, compressed-tensors by its weights' bits."""
+    if not isinstance(q, dict):
+        return None
+    method = q.get("quant_method")
+    if method == "modelopt":
+        algo = str(q.get("quant_algo", "")).upper()
+        return "modelopt_fp4" if "FP4" in algo else "modelopt" if "FP8" in algo else None
+    if method == "compressed-tensors":
+        bits = {w.get("num_bits") for g in (q.get("config_groups") or {}).values()
+                if isinstance(g, dict) and isinstance(w := g.get("weights"), dict)}
+        return "awq" if bits == {4} else "compressed-tensors" if bits == {8} else None
+    if method in ("mxfp4", "awq", "gptq", "fbgemm_fp8", "modelopt_fp4"):
+        return method
+    return None
 
 
 def _dtype(cfg: dict, t: _Reader, where: str) -> str:

@@ -17,6 +17,18 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
                "float8_e4m3fn": 1, "fp8": 1}
 KV_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}
 
+# Low-bit weight formats: bits per weight, block scales included (MXFP4: an 8-bit scale per
+# 32 values; NVFP4: an FP8 scale per 16; INT4: a 16-bit scale and zero per group of 128 in
+# AWQ / GPTQ; FP8: per-tensor or 128x128-block scales, a negligible share).
+WeightFormat = Literal["fp8", "mxfp4", "nvfp4", "int4"]
+FORMAT_BITS: dict[str, float] = {"fp8": 8.0, "mxfp4": 4.25, "nvfp4": 4.5, "int4": 4.25}
+# vLLM's quantization methods (``--quantization``, or config.json's quantization_config
+# ``quant_method``; ModelOpt's by its quant_algo) -> the format of the decoder's linear weights.
+QUANTIZATION_FORMATS: dict[str, WeightFormat] = {
+    "fp8": "fp8", "modelopt": "fp8", "fbgemm_fp8": "fp8", "compressed-tensors": "fp8",
+    "modelopt_fp4": "nvfp4", "mxfp4": "mxfp4", "awq": "int4", "awq_marlin": "int4",
+    "gptq": "int4", "gptq_marlin": "int4"}
+
 AttentionType = Literal["gqa", "mla"]
 # A decoder layer's kind, as HF config.json's ``layer_types`` names them (vLLM reads the same
 # list): full attention, sliding-window attention, or a linear-attention (GatedDeltaNet) mixer.
@@ -67,6 +79,8 @@ class ModelCfg:
     qk_rope_head_dim: int
     num_nextn_predict_layers: int
     mtp_params: int
+    # vLLM's quantization method (QUANTIZATION_FORMATS); None: the weights in ``dtype``.
+    quantization: str | None
     preset: str | None  # the shipped preset it was read from
     config: str | None  # or the config.json file (absolute path)
     # From config.json (kvsim.hf); a model given key by key is all full attention.
@@ -77,7 +91,9 @@ class ModelCfg:
     # DeepSeek Sparse Attention (DeepSeek-V3.2): the lightning indexer's key width; each MLA
     # layer also caches one indexer key per token (0: no indexer).
     index_head_dim: int = 0
-    quantized_params: int = 0  # of num_params, those stored in MXFP4 (gpt-oss experts)
+    # Of num_params, those stored in ``quantization``'s format (0 with a method: every linear
+    # weight of the decoder layers, the embeddings and LM head staying in ``dtype``).
+    quantized_params: int = 0
     routed_expert_params: int = 0  # of num_params, the routed experts' (from config.json)
     hf_id: str = ""
 
@@ -86,11 +102,30 @@ class ModelCfg:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def embedding_params(self) -> int:
+        """The embedding and LM-head matrices (2·V·h, at most half the model)."""
+        return min(2 * self.vocab_size * self.hidden_size, self.num_params // 2)
+
+    @property
+    def quant_format(self) -> WeightFormat | None:
+        return QUANTIZATION_FORMATS[self.quantization] if self.quantization else None
+
+    @property
+    def low_bit_params(self) -> int:
+        """Parameters stored in ``quant_format`` (0 without quantization)."""
+        if self.quant_format is None:
+            return 0
+        return self.quantized_params or self.num_params - self.embedding_params
+
+    def _bytes(self, params: int, low_bit: int) -> int:
+        bits = FORMAT_BITS[self.quant_format] if self.quant_format else 0.0
+        return (params - low_bit) * self.dtype_bytes + int(low_bit * bits / 8)
+
+    @property
     def weight_bytes(self) -> int:
-        """Bytes of the weights as loaded: MXFP4 at 4.25 bits (a shared 8-bit scale per 32
-        values), the rest in ``dtype``."""
-        return ((self.num_params - self.quantized_params) * self.dtype_bytes
-                + self.quantized_params * 17 // 32)
+        """Bytes of the weights as loaded: ``low_bit_params`` in their format (scales
+        included), the rest in ``dtype``."""
+        return self._bytes(self.num_params, self.low_bit_params)
 
     @property
     def routed_expert_bytes(self) -> int:
@@ -107,8 +142,7 @@ class ModelCfg:
             return 0
         else:
             params = (self.num_params - self.num_active_params) * n // (n - k)
-        quantized = min(self.quantized_params, params)
-        return (params - quantized) * self.dtype_bytes + quantized * 17 // 32
+        return self._bytes(params, min(self.low_bit_params, params))
 
     @property
     def active_params(self) -> int:

@@ -17,7 +17,13 @@ from typing import Any, Literal, get_args
 from kvsim.kv.hybrid import GroupKind, GroupSpec
 from kvsim.kv.offload import OffloadParams
 from kvsim.layout import MambaCacheMode
-from kvsim.model import DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, AttentionType, ModelCfg
+from kvsim.model import (
+    DTYPE_BYTES,
+    KV_CACHE_DTYPE_BYTES,
+    QUANTIZATION_FORMATS,
+    AttentionType,
+    ModelCfg,
+)
 from kvsim.sched import SCHEDULING_POLICIES, SchedulingPolicy
 from kvsim.semantics import DEFAULT_VERSION, VERSIONS, Semantics, semantics_for
 from kvsim.specdec import SPEC_METHODS, AcceptanceKind, Drafting, SpecMethod
@@ -90,6 +96,13 @@ MODEL_KEYS = (
     Key("vocab_size", "int", REQUIRED, "Vocabulary size (LM-head cost).", low=1),
     Key("num_params", "int", REQUIRED, "Total parameters (weight bytes and linear FLOPs).", low=1),
     Key("dtype", "str", "bfloat16", "Weight dtype.", choices=tuple(DTYPE_BYTES)),
+    Key("quantization", "str", None, "vLLM's quantization method (`--quantization`; default: "
+        "config.json's `quantization_config`): the decoder's linear weights stored in its format "
+        "(`fp8`/`modelopt`/`fbgemm_fp8`/`compressed-tensors`: FP8; `modelopt_fp4`: NVFP4, 4.5 "
+        "bits; `mxfp4`: MXFP4, 4.25 bits; `awq`/`gptq`: INT4, 4.25 bits), the embeddings and LM "
+        "head in `dtype`: the weight bytes a step reads and the KV pool's room; its linear FLOPs "
+        "run at the GPU's peak for that format where it has one (`[hardware] "
+        "peak_fp8_flops_per_s`, `peak_fp4_flops_per_s`).", choices=tuple(QUANTIZATION_FORMATS)),
     Key("max_position_embeddings", "int", REQUIRED, "Context length; the default `max_model_len`.", low=1),
     Key("num_active_params", "int", None, "Parameters active per token (MoE); default `num_params`.",
         low=1),
@@ -117,10 +130,20 @@ HARDWARE_KEYS = (
     Key("compute_capability", "str", None, "CUDA compute capability, `major.minor` (`9.0` for "
         "Hopper, `10.0` for B200, `12.0` for RTX PRO 6000 / RTX 50, `8.9` Ada, `8.0` A100): vLLM "
         "picks its attention kernels, and so MLA block sizes and a hybrid model's attention "
-        "block, by it. Needed for MLA and hybrid models."),
+        "block, by it. Needed for MLA and hybrid models. An AMD GPU gives the gfx major.minor "
+        "torch reports on ROCm (`9.4` MI300X/MI325X, `9.5` MI355X); the layout follows vLLM's "
+        "CUDA kernels, not its ROCm ones."),
     Key("peak_flops_per_s", "float", None, "Dense BF16/FP16 tensor-core peak, FLOP/s: needed by "
         "the roofline cost model (a fitted profile has the GPU's measured times).",
         low=0, low_open=True),
+    Key("peak_fp8_flops_per_s", "float", None, "Dense FP8 tensor-core peak, FLOP/s (FP32 "
+        "accumulate), for a GPU that runs FP8 natively (Hopper, Ada, Blackwell; MI300 and later); "
+        "left out where it does not (A100, A10G). The roofline runs FP8 weights' linear layers "
+        "at it; without it, at `peak_flops_per_s` (dequantized to BF16).", low=0, low_open=True),
+    Key("peak_fp4_flops_per_s", "float", None, "Dense FP4 (NVFP4 / MXFP4) tensor-core peak, "
+        "FLOP/s, for a GPU that runs FP4 natively (Blackwell, MI355X); left out where it does "
+        "not. The roofline runs NVFP4 weights' linear layers at it, as `peak_fp8_flops_per_s` "
+        "FP8 ones.", low=0, low_open=True),
     Key("mem_bandwidth_bytes_per_s", "float", REQUIRED, "Device memory bandwidth, bytes/s.",
         low=0, low_open=True),
     Key("memory_bytes", "int", REQUIRED, "Device memory, bytes.", low=1),
@@ -394,10 +417,21 @@ COST_KEYS = (
         "`dense.csv`, `per_sequence.csv`, `moe.csv`), relative to the scenario; step times are "
         "interpolated in its tables (the fitted form, fitted to the same tables, past their grid). "
         "It must profile the scenario's model at its `tensor_parallel_size`."),
-    Key("compute_efficiency", "float", 0.6, "Fraction of peak FLOP/s a step reaches.", low=0,
-        low_open=True, high=1),
-    Key("bandwidth_efficiency", "float", 0.8, "Fraction of peak bandwidth a step reaches.", low=0,
-        low_open=True, high=1),
+    Key("compute_efficiency", "float", None, "roofline: fraction of the peak FLOP/s of its "
+        "weights' format that dense linear layers and attention reach. Default: the GPU "
+        "generation's fitted value (`kvsim/presets/roofline.toml`, by `[hardware] "
+        "compute_capability`).", low=0, low_open=True, high=1, derived=True),
+    Key("moe_compute_efficiency", "float", None, "roofline: the same for the routed experts' "
+        "grouped GEMMs. Default: the generation's fitted value.", low=0, low_open=True, high=1,
+        derived=True),
+    Key("bandwidth_efficiency", "float", None, "roofline: fraction of peak memory bandwidth a "
+        "step's weight and KV reads reach. Default: the generation's fitted value.", low=0,
+        low_open=True, high=1, derived=True),
+    Key("frontend_latency_s", "float", None, "Seconds the API server adds to each request "
+        "before its first token (tokenizing, handing it to the engine core, streaming the "
+        "token back): a request reaches the scheduler this long after the client sends it, "
+        "so TTFT and E2E hold it, TPOT not. Default: the roofline's fitted value with a "
+        "benchmark client (`max_concurrency` / `num_warmups`), else 0.", low=0, derived=True),
     Key("step_overhead_s", "float", None, "Fixed per-step engine overhead, seconds, added to the "
         "step's kernels: vLLM's CPU work between steps (scheduling, input preparation, sampling) and "
         "launch gaps that layer timings do not see. Default 2 ms with `roofline` and `fitted` (not "
@@ -506,6 +540,8 @@ class HardwareCfg:
     device_name: str
     compute_capability: str | None
     peak_flops_per_s: float | None
+    peak_fp8_flops_per_s: float | None
+    peak_fp4_flops_per_s: float | None
     mem_bandwidth_bytes_per_s: float
     memory_bytes: int
     interconnect_bandwidth_bytes_per_s: float | None
@@ -652,8 +688,10 @@ class CostCfg:
     profile: str | None  # resolved path of the calibration profile (model = fitted)
     layer_profile: str | None  # resolved layer-profile folder (model = interpolated)
     compute_efficiency: float
+    moe_compute_efficiency: float
     bandwidth_efficiency: float
     step_overhead_s: float
+    frontend_latency_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,13 +5,15 @@ The flags are read as the release's own parser reads them: every option string i
 ``--speculative-config.key v``) comes from a table written from vLLM's parser
 (``kvsim/presets/vllm_serve/<release>.json``, by ``kvsim/oracle/serve_flags.py``). A flag kvsim
 models becomes its scenario key; a real flag kvsim does not model is named on stderr; a flag
-the release does not have is an error with a suggestion.
+the release does not have is an error with a suggestion. ``--hardware`` names the GPU: a
+preset, a TOML file of [hardware] keys, or key=value pairs (``hardware_table``).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 import shlex
 import tomllib
 from dataclasses import dataclass, field
@@ -20,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from kvsim import presets
-from kvsim.config import parse_scenario
+from kvsim.config import _suggest, parse_scenario
 from kvsim.errors import ConfigError
 from kvsim.scenario_text import toml_value
+from kvsim.schema import HARDWARE_KEYS, Key
 
 # vLLM's destination -> kvsim [engine] key (vLLM's own names) and value type.
 ENGINE_FLAGS: dict[str, tuple[str, str]] = {
@@ -209,16 +212,111 @@ def resolve_model(model: str | None) -> tuple[str, str, str]:
                       f"{model} config.json) and give its path")
 
 
-def scenario_text(serve: Serve, model: tuple[str, str, str], hardware: str, version: str,
-                  command: str) -> str:
-    """The commented scenario TOML of a parsed command line (``model`` from resolve_model)."""
+# What a [hardware] table without a preset must give in the scenario kvsim init writes (it has no
+# [cost] section, so the roofline prices the steps), and what a model or flag adds to that: the
+# scenario parser's own requirements (kvsim.config).
+HARDWARE_NEEDS = ("memory_bytes, mem_bandwidth_bytes_per_s, peak_flops_per_s; compute_capability "
+                  "for MLA and hybrid models; interconnect_bandwidth_bytes_per_s with "
+                  "tensor_parallel_size > 1")
+HARDWARE_FORMS = ("a preset (kvsim presets), a TOML file of [hardware] keys, or key=value pairs "
+                  "(after a preset: its overrides)")
+
+
+def _hardware_file(path: Path, keys: dict[str, Key]) -> dict[str, Any]:
+    """The [hardware] keys of a spec file: a preset file's top-level keys (its ``source`` is
+    provenance and dropped) or a ``[hardware]`` table; ``name`` defaults to the file's stem."""
+    where = f"--hardware {path}"
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(where, f"cannot read it: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(where, f"not valid TOML: {exc}") from None
+    if set(raw) == {"hardware"} and isinstance(raw["hardware"], dict):
+        raw = raw["hardware"]
+    table: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name == "source":
+            continue
+        if name not in keys:
+            raise ConfigError(where, f"{name}: unknown key{_suggest(name, list(keys))} "
+                              "(a file gives [hardware] keys, as a preset file does)")
+        table[name] = value
+    table.setdefault("name", path.stem)
+    return table
+
+
+def _hardware_value(key: Key, text: str) -> Any:
+    """A key=value pair's value, typed as the key is (a string, or a number: 5e12, 180e9)."""
+    if not text:
+        raise ConfigError(f"--hardware {key.name}", "empty value")
+    if key.type == "str":
+        return text[1:-1] if len(text) > 1 and text[0] == text[-1] and text[0] in "\"'" else text
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise ConfigError(f"--hardware {key.name}", f"must be a number (like 5e12), got {text!r}")
+    return int(number) if key.type == "int" and number.is_integer() else number
+
+
+def hardware_table(spec: str) -> dict[str, Any]:
+    """The [hardware] table ``kvsim init --hardware SPEC`` writes: SPEC is a preset name
+    (``b200``), a TOML file of [hardware] keys, comma-separated key=value pairs
+    (``name=my-gpu,peak_flops_per_s=1.2e15,...``) or either of the first two followed by pairs
+    that override it (``b200,mem_bandwidth_bytes_per_s=7e12``). Names and number syntax are
+    checked here; ranges, and what a GPU with no preset still lacks, by the scenario's parse
+    (``init``). Raises ConfigError naming ``--hardware``."""
+    keys = {k.name: k for k in HARDWARE_KEYS}
+    parts = [p.strip() for p in spec.split(",")]
+    if not all(parts):
+        raise ConfigError("--hardware", f"an empty entry in {spec!r}: give {HARDWARE_FORMS}")
+    table: dict[str, Any] = {}
+    if "=" not in parts[0]:
+        first = parts.pop(0)
+        path = Path(first).expanduser()
+        if presets.load("hardware", first) is not None:
+            table = {"preset": first}
+        elif path.is_file():
+            table = _hardware_file(path, keys)
+        elif "/" in first or path.suffix:
+            raise ConfigError("--hardware", f"no such file {first!r}")
+        else:
+            known = presets.names("hardware")
+            raise ConfigError("--hardware", f"unknown hardware preset {first!r}"
+                              f"{_suggest(first, known)}; known: {', '.join(known)}; or give a "
+                              "TOML file of [hardware] keys, or key=value pairs (a GPU with no "
+                              f"preset needs: {HARDWARE_NEEDS})")
+    given: set[str] = set()
+    for part in parts:
+        name, eq, text = (s.strip() for s in part.partition("="))
+        if not eq:
+            raise ConfigError("--hardware", f"{part!r} is not key=value (only the first entry "
+                              "names a preset or a file)")
+        if name not in keys:
+            raise ConfigError("--hardware", f"{name}: unknown key{_suggest(name, list(keys))}; "
+                              f"keys: {', '.join(keys)}")
+        if name in given or (name == "preset" and "preset" in table):
+            raise ConfigError(f"--hardware {name}", "given twice")
+        given.add(name)
+        table[name] = _hardware_value(keys[name], text)
+    order = list(keys)
+    return dict(sorted(table.items(), key=lambda kv: order.index(kv[0])))
+
+
+def scenario_text(serve: Serve, model: tuple[str, str, str], hardware: str | dict[str, Any],
+                  version: str, command: str) -> str:
+    """The commented scenario TOML of a parsed command line (``model`` from resolve_model;
+    ``hardware`` a preset name or a [hardware] table, as ``hardware_table`` returns)."""
     key, value, note = model
+    table = {"preset": hardware} if isinstance(hardware, str) else hardware
     lines = ["# Written by kvsim init from:", f"#   {command}",
              "# Each [engine] key carries vLLM's name; keys left out take vLLM's default for",
              "# vllm_version (docs/scenario.md). The workload is a placeholder: edit it to your traffic.",
              "", "[model]", f"{key} = {toml_value(value)}" + (f"  # {note}" if note else ""),
-             "", "[hardware]", f"preset = {toml_value(hardware)}", "", "[engine]",
-             f"vllm_version = {toml_value(version)}"]
+             "", "[hardware]", *(f"{k} = {toml_value(v)}" for k, v in table.items()), "",
+             "[engine]", f"vllm_version = {toml_value(version)}"]
     width = max((len(f"{k} = {toml_value(v)}") for k, (v, _) in serve.engine.items()), default=0)
     for k, (v, flag) in serve.engine.items():
         lines.append(f"{k} = {toml_value(v)}".ljust(width) + f"  # {flag}")
@@ -233,12 +331,22 @@ def scenario_text(serve: Serve, model: tuple[str, str, str], hardware: str, vers
 
 
 def init(argv: list[str], hardware: str, version: str) -> tuple[str, list[str]]:
-    """(scenario TOML, flags read but not modelled); the scenario is checked by parsing it."""
+    """(scenario TOML, flags read but not modelled); the scenario is checked by parsing it.
+    ``hardware`` is ``--hardware``'s SPEC (``hardware_table``)."""
     serve = parse_serve(argv, version)
     model = resolve_model(serve.model)
+    table = hardware_table(hardware)
+    if "preset" not in table:  # every key at once, not the parse's first
+        tp = serve.engine.get("tensor_parallel_size", (1, ""))[0]
+        needed = ["memory_bytes", "mem_bandwidth_bytes_per_s", "peak_flops_per_s",
+                  *(["interconnect_bandwidth_bytes_per_s"] if tp > 1 else [])]
+        missing = [k for k in needed if k not in table]
+        if missing:
+            raise ConfigError("--hardware", f"missing {', '.join(missing)} (a GPU with no preset "
+                              f"needs: {HARDWARE_NEEDS})")
     spec = serve.speculative  # mtp without num_speculative_tokens: the scenario's default
     command = shlex.join(["vllm", "serve", *_serve_words(argv)])
-    text = scenario_text(serve, model, hardware, version, command)
+    text = scenario_text(serve, model, table, version, command)
     try:
         parse_scenario(tomllib.loads(text), Path("scenario.toml"))
     except ConfigError as exc:  # name the flag the key came from
@@ -246,5 +354,10 @@ def init(argv: list[str], hardware: str, version: str) -> tuple[str, list[str]]:
         given = {"engine": serve.engine, "speculative": spec}.get(section, {})
         if key in given:
             raise ConfigError(given[key][1], exc.what) from None
+        if section == "hardware":
+            if exc.what.startswith("missing"):
+                raise ConfigError("--hardware", f"missing {key} (a GPU with no preset needs: "
+                                  f"{HARDWARE_NEEDS})") from None
+            raise ConfigError(f"--hardware {key}", exc.what) from None
         raise
     return text, serve.not_modelled

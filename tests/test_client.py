@@ -2,6 +2,7 @@
 random dataset, and the client command line kvsim init reads (kvsim.bench_client)."""
 
 import math
+import shlex
 
 import numpy as np
 import pytest
@@ -124,17 +125,17 @@ def test_centered_ratio_one_and_clusters_are_refused():
 
 
 def test_parse_bench_command():
-    b = parse_bench("vllm bench serve --model m --dataset-name random --random-input-len 8192 "
-                    "--random-output-len=1024 --random-range-ratio 0.8 --num-prompts 320 "
-                    "--max-concurrency 32 --num-warmups 64 --ignore-eos --seed 7 "
-                    "--base-url http://x:8000".split())
+    b = parse_bench(shlex.split(
+        "vllm bench serve --model m --dataset-name random --random-input-len 8192 "
+        "--random-output-len=1024 --random-range-ratio 0.8 --num-prompts 320 "
+        "--max-concurrency 32 --num-warmups 64 --ignore-eos --seed 7 --base-url http://x:8000"))
     got = {k: v for k, (v, _) in b.workload.items()}
     assert got == {"random_input_len": 8192, "random_output_len": 1024, "random_range_ratio": 0.8,
                    "num_requests": 320, "max_concurrency": 32, "num_warmups": 64,
                    "request_rate": math.inf, "generator": "random",
                    "random_range_rule": "centered"}
     assert b.seed == 7 and b.not_modelled == ["--model", "--base-url"]
-    old = parse_bench("python3 benchmark_serving.py --burstiness 4 --request-rate 2".split())
+    old = parse_bench(["python3", "benchmark_serving.py", "--burstiness", "4", "--request-rate", "2"])
     assert old.workload["random_range_rule"][0] == "below"
     assert old.workload["arrival_cv"][0] == 0.5  # gamma of shape 4: CV 1/2
 
@@ -146,7 +147,7 @@ def test_parse_bench_command():
 ])
 def test_parse_bench_errors(words, match):
     with pytest.raises(ConfigError, match=match):
-        parse_bench(words.split())
+        parse_bench(shlex.split(words))
 
 
 def test_lazy_decode_gives_the_step_by_step_run():

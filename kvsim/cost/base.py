@@ -36,10 +36,13 @@ class CostInputs:
     tensor_parallel_size: int
     kv_cache_dtype: str
     peak_flops_per_s: float | None  # the roofline's, required there
+    peak_fp8_flops_per_s: float | None  # dense FP8 / FP4 tensor-core peaks (None: not native)
+    peak_fp4_flops_per_s: float | None
     mem_bandwidth_bytes_per_s: float
     interconnect_bandwidth_bytes_per_s: float | None  # required when tensor_parallel_size > 1
     interconnect_latency_s: float
     compute_efficiency: float
+    moe_compute_efficiency: float  # the routed experts' grouped GEMMs
     bandwidth_efficiency: float
     step_overhead_s: float
     profile: Path | None  # a fitted model's profile

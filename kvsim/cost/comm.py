@@ -3,14 +3,19 @@ token exchange of an MoE model's data-parallel ranks.
 
 vLLM's row-parallel layers (attention's ``o_proj``, the MLP's ``down_proj``) end in an
 all-reduce of the layer's output, ``T × hidden_size`` activations, across the
-``tensor_parallel_size`` GPUs; a ring all-reduce of ``M`` bytes over ``P`` GPUs takes
-``2(P − 1)/P · M / bandwidth + 2(P − 1) · latency``. So one pass over ``L`` layers adds
-``2 · L`` of them, at ``[hardware]``'s interconnect bandwidth and latency. Layer profiles
+``tensor_parallel_size`` GPUs. An all-reduce of ``M`` bytes over ``P`` GPUs moves
+``2(P − 1)/P · M`` bytes over each GPU's link and waits ``⌈log2 P⌉`` latencies: the small
+messages of a decode step go through vLLM's custom all-reduce, every GPU reading the others'
+buffers at once over NVLink (one or two shots, not a ring's ``2(P − 1)`` hops; NCCL's tree
+for larger ones is logarithmic too). So one pass over ``L`` layers adds ``2 · L`` of them, at
+``[hardware]``'s interconnect bandwidth and latency. Layer profiles
 measured per GPU (LLMServingSim's, kvsim's own benchmark) hold no communication, so both cost
 models add this term.
 """
 
 from __future__ import annotations
+
+import math
 
 from kvsim.cost.base import CostInputs
 
@@ -25,9 +30,8 @@ class AllReduce:
             bandwidth = inp.interconnect_bandwidth_bytes_per_s
             assert bandwidth is not None  # required by the scenario with tensor parallelism
             act_bytes = max(2, inp.model.dtype_bytes)  # activations stay 16-bit under fp8 weights
-            ring = 2 * (tp - 1)
-            self.per_token_s = ring / tp * inp.model.hidden_size * act_bytes / bandwidth
-            self.fixed_s = ring * inp.interconnect_latency_s
+            self.per_token_s = 2 * (tp - 1) / tp * inp.model.hidden_size * act_bytes / bandwidth
+            self.fixed_s = math.ceil(math.log2(tp)) * inp.interconnect_latency_s
 
     def time_s(self, tokens: float, num_layers: int) -> float:
         if self.tp == 1 or not tokens:

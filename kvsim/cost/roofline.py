@@ -38,57 +38,111 @@ from kvsim.model import ModelCfg, kv_bytes_per_token
 
 @dataclass(frozen=True, slots=True)
 class _Pass:
-    """Roofline coefficients of one forward pass of some stack of layers."""
+    """Roofline coefficients of one forward pass of some stack of layers: linear work split
+    into the routed experts' and the rest, each at the peak of its weights' format (seconds
+    per FLOP), attention of full and sliding-window layers apart (a window caps the context a
+    token attends to and reads), and the weight bytes a step reads: the routed experts' only
+    for the experts its tokens touch."""
 
-    linear_flops_per_token: float
-    lm_head_flops_per_row: float
-    attn_flops_per_pair: float
-    weight_bytes: float
-    kv_bytes_per_token: float
+    linear_s_per_token: float  # dense linear work (attention projections, dense / shared MLPs)
+    expert_s_per_token: float  # the top-k routed experts' work
+    lm_head_s_per_row: float
+    full_attn_s_per_pair: float
+    window_attn_s_per_pair: float
+    window: int  # the sliding layers' window (0: none)
+    dense_weight_bytes: float
+    expert_weight_bytes: float
+    experts: tuple[int, int]  # (num_experts, top_k)
+    full_kv_bytes_per_token: float
+    window_kv_bytes_per_token: float
 
-    def time_s(self, chunks, num_rows: int, flops_per_s: float, bytes_per_s: float,
+    def time_s(self, chunks, num_rows: int, bytes_per_s: float,
                decodes: Decodes | None = None) -> float:
         """``decodes``: further chunks ``(n, c)`` of one length, as ``Decodes``."""
         tokens = pairs = kv_read = 0.0
+        w_pairs = w_read = 0.0
+        w = self.window
         if decodes is not None:
             # Whole-number sums (pairs of an (n, c) chunk: n·c + n(n + 1)/2) far below 2**53:
             # added in any order they give the same floats as chunk by chunk.
             count, n, total = decodes[0], decodes[1], decodes[2]
             tokens, pairs = float(count * n), float(n * total - count * n * (n - 1) // 2)
             kv_read = float(total)
+            if w:  # every chunk's context capped at the window: at most count·w each
+                w_read = float(min(total, count * w))
+                w_pairs = float(min(pairs, count * n * w))
         for n, c in chunks:
             tokens += n
             pairs += n * (c + (n + 1) / 2)
             kv_read += c + n
-        return self.time_of(tokens, pairs, kv_read, num_rows, flops_per_s, bytes_per_s)
+            if w:
+                w_read += min(c + n, w)
+                w_pairs += n * min(c + (n + 1) / 2, w)
+        if not w:
+            w_pairs, w_read = pairs, kv_read
+        return self.time_of(tokens, pairs, kv_read, w_pairs, w_read, num_rows, bytes_per_s)
 
-    def time_of(self, tokens: float, pairs: float, kv_read: float, num_rows: int,
-                flops_per_s: float, bytes_per_s: float) -> float:
-        """``time_s`` from the chunks' sums: tokens Σn, pairs Σn·(c + (n+1)/2), KV read Σ(c + n)."""
-        flops = (self.linear_flops_per_token * tokens + self.lm_head_flops_per_row * num_rows
-                 + self.attn_flops_per_pair * pairs)
-        nbytes = self.weight_bytes + self.kv_bytes_per_token * (kv_read + tokens)
-        return max(flops / flops_per_s, nbytes / bytes_per_s)
+    def time_of(self, tokens: float, pairs: float, kv_read: float, w_pairs: float, w_read: float,
+                num_rows: int, bytes_per_s: float) -> float:
+        compute = ((self.linear_s_per_token + self.expert_s_per_token) * tokens
+                   + self.lm_head_s_per_row * num_rows + self.full_attn_s_per_pair * pairs
+                   + self.window_attn_s_per_pair * w_pairs)
+        nbytes = (self.dense_weight_bytes
+                  + self.expert_weight_bytes * expert_share(tokens, *self.experts)
+                  + self.full_kv_bytes_per_token * (kv_read + tokens)
+                  + self.window_kv_bytes_per_token * (w_read + tokens))
+        return max(compute, nbytes / bytes_per_s)
 
 
-def _model_pass(model: ModelCfg, tp: int, kv_cache_dtype: str, num_layers: int | None = None,
+def format_peak(fmt: str | None, inp: CostInputs) -> float:
+    """The tensor-core peak a linear layer whose weights are in ``fmt`` runs at: FP8 weights on
+    FP8 tensor cores (W8A8), NVFP4 on FP4 ones, where the GPU has them; MXFP4 and INT4 weights,
+    and any format without its tensor cores, are dequantized to BF16 (vLLM's Marlin and
+    MXFP4-BF16 kernels)."""
+    assert inp.peak_flops_per_s is not None  # required by the scenario for the roofline
+    native = {"fp8": inp.peak_fp8_flops_per_s, "nvfp4": inp.peak_fp4_flops_per_s}.get(fmt or "")
+    return native or inp.peak_flops_per_s
+
+
+def _model_pass(model: ModelCfg, inp: CostInputs, num_layers: int | None = None,
                 body_params: float | None = None) -> _Pass:
-    weight_params: float
+    """The target model's pass, or (``num_layers``, ``body_params``) a drafter's stack."""
+    tp, eff = inp.tensor_parallel_size, inp.compute_efficiency
     lm = model.vocab_size * model.hidden_size
     layers = num_layers or model.num_hidden_layers
+    fmt = model.quant_format or ("fp8" if model.dtype_bytes == 1 else None)
+    experts = model.routed_expert_bytes > 0 and body_params is None
+    n, k = model.num_experts, model.num_experts_per_tok
+    expert_params = model.routed_expert_params or (
+        (model.num_params - model.active_params) * n // (n - k) if n > k else 0)
+    active_experts = expert_params * k / n if experts else 0.0
     if body_params is None:
-        body_params = max(model.active_params - 2 * lm, model.active_params // 2)
-        weight_params = model.num_params
+        body_params = max(model.active_params - model.embedding_params, model.active_params // 2)
+        dense_bytes: float = model.weight_bytes - (model.routed_expert_bytes if experts else 0)
     else:
-        weight_params = body_params + lm
-    per_layer_kv = kv_bytes_per_token(model, kv_cache_dtype, tp) / model.num_hidden_layers
+        dense_bytes = (body_params + lm) * model.weight_bytes / model.num_params
+    dense_fmt = None if model.quantization == "mxfp4" else fmt  # gpt-oss: experts only
+    peak_dense = format_peak(dense_fmt, inp) * eff
+    peak_expert = format_peak(fmt, inp) * inp.moe_compute_efficiency
+    peak_bf16 = format_peak(None, inp) * eff
+    kinds = model.layers
+    attn_layers = model.num_attention_layers
+    window_layers = sum(t == "sliding_attention" for t in kinds) if model.sliding_window else 0
+    per_layer_kv = kv_bytes_per_token(model, inp.kv_cache_dtype, tp) / max(attn_layers, 1)
+    share = layers / model.num_hidden_layers  # a drafter's one layer: an average layer's share
+    attn = 4.0 * model.num_attention_heads * model.head_dim / tp / peak_bf16 * share
     return _Pass(
-        linear_flops_per_token=2.0 * body_params / tp,
-        lm_head_flops_per_row=2.0 * lm / tp,
-        attn_flops_per_pair=(4.0 * layers * model.num_attention_layers / model.num_hidden_layers
-                             * model.num_attention_heads * model.head_dim / tp),
-        weight_bytes=weight_params * model.weight_bytes / model.num_params / tp,
-        kv_bytes_per_token=per_layer_kv * layers,
+        linear_s_per_token=2.0 * (body_params - active_experts) / tp / peak_dense,
+        expert_s_per_token=2.0 * active_experts / tp / peak_expert,
+        lm_head_s_per_row=2.0 * lm / tp / peak_bf16,
+        full_attn_s_per_pair=attn * (attn_layers - window_layers),
+        window_attn_s_per_pair=attn * window_layers,
+        window=model.sliding_window if window_layers else 0,
+        dense_weight_bytes=dense_bytes / tp,
+        expert_weight_bytes=model.routed_expert_bytes / tp if experts else 0.0,
+        experts=(n, k) if experts else (0, 0),
+        full_kv_bytes_per_token=per_layer_kv * (attn_layers - window_layers) * share,
+        window_kv_bytes_per_token=per_layer_kv * window_layers * share,
     )
 
 
@@ -96,16 +150,14 @@ class RooflineCost:
     label = "roofline (uncalibrated)"
 
     def __init__(self, inp: CostInputs):
-        model, tp, kv_cache_dtype = inp.model, inp.tensor_parallel_size, inp.kv_cache_dtype
-        assert inp.peak_flops_per_s is not None  # required by the scenario for the roofline
-        self.target = _model_pass(model, tp, kv_cache_dtype)
+        model = inp.model
+        self.target = _model_pass(model, inp)
         self.allreduce = AllReduce(inp)
         self.num_layers = model.num_hidden_layers
-        self.flops_per_s = inp.peak_flops_per_s * inp.compute_efficiency
         self.bytes_per_s = inp.mem_bandwidth_bytes_per_s * inp.bandwidth_efficiency
         self.overhead_s = inp.step_overhead_s
         self.experts = (model.num_experts, model.num_experts_per_tok)
-        self.expert_read_s = model.routed_expert_bytes / tp / self.bytes_per_s
+        self.expert_read_s = model.routed_expert_bytes / inp.tensor_parallel_size / self.bytes_per_s
         self.drafter: _Pass | None = None
         self.num_draft_passes = 0
         self.draft_layers = 1
@@ -114,11 +166,12 @@ class RooflineCost:
             self.num_draft_passes = d.num_passes
             if d.method == "draft_model":
                 draft = d.model or model
-                self.drafter = _model_pass(draft, tp, kv_cache_dtype)
+                self.drafter = _model_pass(draft, inp)
                 self.draft_layers = draft.num_hidden_layers
             else:
-                layer = self.target.linear_flops_per_token * tp / 2 / model.num_hidden_layers
-                self.drafter = _model_pass(model, tp, kv_cache_dtype, num_layers=1, body_params=layer)
+                body = max(model.active_params - model.embedding_params, model.active_params // 2)
+                self.drafter = _model_pass(model, inp, num_layers=1,
+                                           body_params=body / model.num_hidden_layers)
 
     def step_time_s(self, chunks, num_sampled: int,
                     decodes: Decodes | None = None) -> float:
@@ -126,8 +179,8 @@ class RooflineCost:
         ``decodes`` (further chunks as ``Decodes``), the same seconds, bit for bit, as with
         those chunks listed."""
         tokens = sum(n for n, _ in chunks) + (decodes[0] * decodes[1] if decodes is not None else 0)
-        return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.flops_per_s,
-                                                     self.bytes_per_s, decodes)
+        return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.bytes_per_s,
+                                                     decodes)
                 + self.allreduce.time_s(tokens, self.num_layers))
 
     def moe_time_s(self, tokens: float, ranks: int = 1) -> float:
@@ -140,12 +193,11 @@ class RooflineCost:
         if self.drafter is None or not num_sampled:
             return 0.0
         tokens = sum(n for n, _ in chunks) + (decodes[0] * decodes[1] if decodes is not None else 0)
-        first = (self.drafter.time_s(chunks, num_sampled, self.flops_per_s, self.bytes_per_s,
-                                     decodes)
+        first = (self.drafter.time_s(chunks, num_sampled, self.bytes_per_s, decodes)
                  + self.allreduce.time_s(tokens, self.draft_layers))
         # Its other passes: one token per sampling request, at no context (num_sampled
         # chunks (1, 0)).
-        rest = (self.drafter.time_s((), num_sampled, self.flops_per_s, self.bytes_per_s,
+        rest = (self.drafter.time_s((), num_sampled, self.bytes_per_s,
                                     (num_sampled, 1, num_sampled, 1, 1))
                 + self.allreduce.time_s(num_sampled, self.draft_layers))
         return first + (self.num_draft_passes - 1) * rest
