@@ -4,7 +4,11 @@
    of ``attention.csv``'s grid points is left out; the interpolated model is built from the
    rest and the fitted form fitted to the rest's composed rows; both predict the left-out
    points' composed target passes (the measured attention with the same dense layers), and
-   the table gives |predicted / measured - 1|.
+   the table gives |predicted / measured - 1| (``kvsim.calibrate.llmservingsim.heldout_errors``;
+   the fitted form predicts by the run-time path, ``GridStep.fitted_s``).
+   Then the fitted form off its slice: fitted to the grid's steps of at most 1,024 tokens and
+   8,192 tokens of context, scored on the others (``offslice_errors``): extrapolation, which
+   is what the interpolated model uses it for past its grid.
 2. Measured runs: every run replayed with each model, with its default step overhead and
    with the overhead fitted per GPU on the other runs of that GPU (leave one out; a GPU with
    one run has none), beside the peer's own errors.
@@ -28,9 +32,7 @@ import numpy as np
 
 from kvsim import measured
 from kvsim.calibrate import fit, llmservingsim
-from kvsim.config import model_preset
-from kvsim.cost.fitted import features, pass_time_s
-from kvsim.cost.interpolated import LayerProfile, composed_rows, read_meta, tp_degrees
+from kvsim.cost.interpolated import read_meta, tp_degrees
 from kvsim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,30 +54,37 @@ def profile_folders(root: Path) -> list[tuple[Path, Path]]:
     return sorted((p.parent, root / a) for a, _ in LAYOUTS for p in (root / a).glob("*/*/*/*/meta.yaml"))
 
 
-def heldout(folder: Path, tp: int, seed: int = 0) -> dict[str, tuple[float, float, float]] | None:
-    name = llmservingsim.preset_for(read_meta(folder).get("model", ""))
-    if name is None:
+def stats(errors: np.ndarray) -> tuple[float, float, float]:
+    """Median, p90 and max |error| (%) of ``predicted / measured - 1`` values."""
+    e = np.abs(errors) * 100
+    return float(np.median(e)), float(np.percentile(e, 90)), float(np.max(e))
+
+
+def heldout(folder: Path, tp: int, seed: int = 0) -> dict | None:
+    """Median, p90 and max |predicted / measured - 1| (%) of both models on the folder's
+    held-out grid points (``llmservingsim.heldout_errors``), and their count; None for a model
+    kvsim has no preset for."""
+    if llmservingsim.preset_for(read_meta(folder).get("model", "")) is None:
         return None
-    model = model_preset(name)
-    full = LayerProfile(folder, tp, model)
-    inside = [i for i, (pc, _, nd, _, _) in enumerate(full.points) if 0 < pc + nd <= full.max_tokens]
-    rng = np.random.default_rng(seed)
-    held = set(rng.choice(inside, len(inside) // 5, replace=False).tolist())
-    train = LayerProfile(folder, tp, model, keep=[i for i in range(len(full.points)) if i not in held])
-    rows = [r for r in composed_rows(train, {}) if r["pass"] == "target"]
-    params = fit.fit_rows(rows, str(folder), seed, full.experts)["target"][0]
-    layers = model.num_hidden_layers
-    err: dict[str, list[float]] = {"interpolated": [], "fitted": []}
-    for i in sorted(held):
-        pc, kp, nd, kd, _ = full.points[i]
-        step = full.grid_step(pc, kp, nd, kd)
-        truth = full.pass_us(step, layers) * 1e-6
-        err["interpolated"].append(train.pass_us(step, layers) * 1e-6 / truth - 1)
-        decodes = (step.num_decodes, step.decode_kv, step.longest, step.shortest) if nd else None
-        feats = features(step.prefills, int(step.rows), 1, full.experts, decodes)
-        err["fitted"].append(pass_time_s(params, feats) / truth - 1)
-    return {k: (float(np.median(np.abs(v))) * 100, float(np.percentile(np.abs(v), 90)) * 100,
-                float(np.max(np.abs(v))) * 100) for k, v in err.items()} | {"n": len(held)}
+    res = llmservingsim.heldout_errors(folder, tp, seed=seed)
+    return {"n": res["n"], "interpolated": stats(res["interpolated"]), "fitted": stats(res["fitted"])}
+
+
+# The off-slice check: the fitted form fitted to the grid's steps of at most this many tokens
+# and this much context, scored on the rest (what the interpolated model uses it for past its grid).
+SLICE_TOKENS, SLICE_CONTEXT = 1024, 8192
+
+
+def profile_cases(roots: list[Path]) -> list[tuple[Path, Path, int]]:
+    """(folder, the profiles folder it is under, tp) of every profile; a GPU's data in two
+    trees counts once (the first)."""
+    seen, out = set(), []
+    for root in roots:
+        for folder, under in profile_folders(root):
+            if folder.relative_to(under) not in seen:
+                seen.add(folder.relative_to(under))
+                out += [(folder, under, tp) for tp in tp_degrees(folder)]
+    return out
 
 
 def runs_of(root: Path) -> list[Path]:
@@ -108,35 +117,41 @@ def errors(run: Path, profile: str | None, overhead: float | None) -> dict:
 
 def main(extra: list[str]) -> None:
     roots = trees(extra)
+    profiles = profile_cases(roots)
     print("## Held-out profile rows (a seeded fifth of attention.csv's grid, composed target passes)\n")
     print("| profile | tp | held-out rows | interpolated median / p90 / max | fitted median / p90 / max |")
     print("|---|---|---|---|---|")
-    seen = set()  # a GPU's data in two trees counts once (the first)
-    for root in roots:
-        for folder, under in profile_folders(root):
-            if folder.relative_to(under) in seen:
-                continue
-            seen.add(folder.relative_to(under))
-            for tp in tp_degrees(folder):
-                try:
-                    res = heldout(folder, tp)
-                except ConfigError as exc:  # e.g. an MoE model's tp without moe.csv
-                    print(f"| {folder.relative_to(under)} | {tp} | — | not composed: "
-                          f"{Path(exc.where).name}: {exc.what} | |")
-                    continue
-                if res is None:
-                    continue
-                i, f = res["interpolated"], res["fitted"]
-                print(f"| {folder.relative_to(under)} | {tp} | {res['n']} | "
-                      f"{i[0]:.1f} / {i[1]:.1f} / {i[2]:.0f} % | {f[0]:.1f} / {f[1]:.1f} / {f[2]:.0f} % |",
-                      flush=True)
+    composed = []
+    for folder, under, tp in profiles:
+        try:
+            res = heldout(folder, tp)
+        except ConfigError as exc:  # e.g. an MoE model's tp without moe.csv
+            print(f"| {folder.relative_to(under)} | {tp} | — | not composed: "
+                  f"{Path(exc.where).name}: {exc.what} | |")
+            continue
+        if res is None:
+            continue
+        composed.append((folder, under, tp))
+        i, f = res["interpolated"], res["fitted"]
+        print(f"| {folder.relative_to(under)} | {tp} | {res['n']} | "
+              f"{i[0]:.1f} / {i[1]:.1f} / {i[2]:.0f} % | {f[0]:.1f} / {f[1]:.1f} / {f[2]:.0f} % |",
+              flush=True)
+    print(f"\n## The fitted form off its slice (fitted to the grid's steps of <= {SLICE_TOKENS} tokens "
+          f"and <= {SLICE_CONTEXT} tokens of context, scored on all the others)\n")
+    print("| profile | tp | rows fitted to | rows scored | fitted median / p90 / max |")
+    print("|---|---|---|---|---|")
+    for folder, under, tp in composed:
+        off = llmservingsim.offslice_errors(folder, tp, SLICE_TOKENS, SLICE_CONTEXT)
+        f = stats(off["fitted"])
+        print(f"| {folder.relative_to(under)} | {tp} | {off['num_fitted']} | {off['n']} | "
+              f"{f[0]:.1f} / {f[1]:.1f} / {f[2]:.0f} % |", flush=True)
     runs = list({(r.parent.name, r.name): r for root in reversed(roots) for r in runs_of(root)}.values())
     by_gpu: dict[str, list[Path]] = {}
     for run in runs:
         by_gpu.setdefault(run.parent.name, []).append(run)
     with tempfile.TemporaryDirectory() as tmp:
-        fitted = {run: fitted_profile(run, Path(tmp)) for run in runs}
-        interp = dict.fromkeys(runs)
+        fitted: dict[Path, str | None] = {run: fitted_profile(run, Path(tmp)) for run in runs}
+        interp: dict[Path, str | None] = dict.fromkeys(runs)
         print("\n## Measured runs: error of TTFT mean / median / P99 / TPOT mean (%), and the mean "
               "|error| over all 15 metrics\n")
         print("| run | model | step overhead | TTFT mean | TTFT median | TTFT P99 | TPOT mean | "
@@ -145,13 +160,13 @@ def main(extra: list[str]) -> None:
         for run in runs:
             others = [r for r in by_gpu[run.parent.name] if r != run]
             name = f"{run.parent.name}/{run.name}"
-            for label, profiles in (("interpolated", interp), ("fitted", fitted)):
-                cases = [("default", None)]
+            for label, by_run in (("interpolated", interp), ("fitted", fitted)):
+                cases: list[tuple[str, float | None]] = [("default", None)]
                 if others:
-                    overhead, _ = measured.fit_step_overhead(others, profiles)
-                    cases.append(("fitted on the GPU's other runs", overhead))
+                    fitted_s, _ = measured.fit_step_overhead(others, by_run)
+                    cases.append(("fitted on the GPU's other runs", fitted_s))
                 for how, overhead in cases:
-                    e = errors(run, profiles[run], overhead)
+                    e = errors(run, by_run[run], overhead)
                     k = e["kvsim"]
                     cells = " | ".join(f"{k[m]:+.1f}" for m in KEY_METRICS)
                     print(f"| {name} | {label} | {e['overhead_ms']:.2f} ms ({how}) | {cells} | "
