@@ -1,4 +1,4 @@
-"""kvsim's mean TTFT, mean TPOT and throughput against public measured vLLM runs.
+"""kvsim's mean TTFT and mean TPOT against public measured vLLM runs (throughput: not yet).
 
 Every vLLM point of SemiAnalysis InferenceX that kvsim can read (``$KVSIM_SHARED_DATA``, default
 ``../shared/data``, ``inferencex/``: the measured latencies and, where the server log was
@@ -121,9 +121,7 @@ def scenario_for(sw: dict, conc: int, passed: dict, version: str | None,
 def predict(raw: dict) -> dict:
     sc = parse_scenario(raw)
     s = summarize(sc, run(sc, build_requests(sc)))
-    return {"ttft": s["ttft_s"]["mean"], "tpot": s["tpot_s"]["mean"],
-            "tput": s["throughput"]["output_tokens_per_s"], "blocks": sc.engine.num_gpu_blocks,
-            "block_size": sc.engine.block_size}
+    return {"ttft": s["ttft_s"]["mean"], "tpot": s["tpot_s"]["mean"]}
 
 
 def err(pred: float, meas: float) -> float:

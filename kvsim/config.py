@@ -675,7 +675,8 @@ def _speculative(raw: dict, file: str, engine: EngineCfg, model: ModelCfg) -> Sp
 
 
 def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: EngineCfg,
-          hw: HardwareCfg) -> CostCfg:
+          hw: HardwareCfg, client: bool = False) -> CostCfg:
+    """[cost]; ``client``: a benchmark client sends the requests (the frontend's latency)."""
     from kvsim.cost import fitted  # the profile reader (JSON); no numpy
 
     c = _section(raw, "cost", file)
@@ -710,8 +711,6 @@ def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: Engi
                                 fitted_roofline["step_overhead_s"] if c["model"] == "roofline"
                                 else 0.002)
     if c["frontend_latency_s"] is None:
-        client = (raw.get("workload", {}).get("max_concurrency") is not None
-                  or raw.get("workload", {}).get("num_warmups", 0))
         c["frontend_latency_s"] = fitted_roofline["frontend_latency_s"] if client else 0.0
     if c["model"] == "roofline" and hw.peak_flops_per_s is None:
         raise ConfigError(f"{file}: hardware.peak_flops_per_s", "missing: the roofline cost model "
@@ -798,7 +797,7 @@ def parse_scenario(raw: dict, path: Path | None = None) -> Scenario:
         engine=engine,
         speculative=speculative,
         workload=workload,
-        cost=_cost(raw, file, base, model, engine, hardware),
+        cost=_cost(raw, file, base, model, engine, hardware, workload.client),
         run=_build(RunCfg, _section(raw, "run", file)),
         cluster=_cluster(raw, file, base, model, hardware, engine) if "cluster" in raw else None,
     )

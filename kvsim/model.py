@@ -128,20 +128,24 @@ class ModelCfg:
         return self._bytes(self.num_params, self.low_bit_params)
 
     @property
-    def routed_expert_bytes(self) -> int:
-        """Bytes of the routed experts' weights (0 for a dense model): counted from
-        config.json's shapes, or for a model given key by key estimated from its parameters,
-        a token reading top-k of the N experts, so that ``num_params − num_active_params`` is
+    def routed_params(self) -> int:
+        """Parameters of the routed experts (0 for a dense model): counted from config.json's
+        shapes, or for a model given key by key estimated from its parameters, a token
+        reading top-k of the N experts, so that ``num_params − num_active_params`` is
         (N − k) / N of them."""
         n, k = self.num_experts, self.num_experts_per_tok
         if not n or n <= k:
             return 0
         if self.routed_expert_params:
-            params = self.routed_expert_params
-        elif self.num_active_params is None:
+            return self.routed_expert_params
+        if self.num_active_params is None:
             return 0
-        else:
-            params = (self.num_params - self.num_active_params) * n // (n - k)
+        return (self.num_params - self.num_active_params) * n // (n - k)
+
+    @property
+    def routed_expert_bytes(self) -> int:
+        """Bytes of the routed experts' weights, in their format (0 for a dense model)."""
+        params = self.routed_params
         return self._bytes(params, min(self.low_bit_params, params))
 
     @property

@@ -1,20 +1,25 @@
-"""The default, uncalibrated step-time model: a roofline over the step's plan.
+"""The default step-time model: a roofline over the step's plan.
 
-For one step with chunks ``(n new tokens, c tokens of context before them)``::
+For one step with chunks ``(n new tokens, c tokens of context before them)`` over T = Σn
+tokens::
 
-    flops = 2 · P_body · Σn                          linear layers, every scheduled token
-          + 2 · V · h · (#sampled rows)              LM head, one row per completed chunk
-          + 4 · layers · heads · d · Σ n·(c + (n+1)/2)   causal attention (QKᵀ and AV)
-    bytes = weight_bytes                              weights read once per step
-          + kv_bytes_per_token · Σ (c + n)            KV read by attention
-          + kv_bytes_per_token · Σ n                  KV written
-    time  = step_overhead_s + max(flops / (peak · compute_efficiency),
-                                  bytes / (bandwidth · bandwidth_efficiency))
+    compute = 2 · (P_body − P_routed·k/E) · T / peak(dense format)    linear layers
+            + 2 · P_routed·k/E · T / peak(expert format)              the top-k routed experts
+            + 2 · V · h · (#sampled rows) / peak(BF16)                LM head
+            + 4 · heads · d · Σ n·(c' + (n+1)/2) / peak(BF16)         attention, per layer
+    bytes   = dense weight bytes
+            + routed expert bytes · (1 − (1 − k/E)^T)   the experts the step's tokens touch
+            + kv_bytes_per_token · Σ (c' + n)           KV read by attention
+            + kv_bytes_per_token · Σ n                  KV written
+    time    = step_overhead_s + max(compute, bytes / (bandwidth · bandwidth_efficiency))
 
+``c'`` is ``c`` on full-attention layers and at most the window on sliding-window ones.
 ``P_body`` is the active parameter count (MoE: ``num_active_params``) less the embedding and
-LM-head matrices (2·V·h, capped at half the model); weight bytes count every parameter (all
-experts are read by a busy MoE step). Tensor parallelism divides FLOPs, weights and KV heads
-across GPUs and adds each layer's all-reduces (``kvsim.cost.comm``).
+LM-head matrices (2·V·h, capped at half the model). Each peak is the GPU's for the weights'
+format (``format_peak``: FP8 and NVFP4 where it has those tensor cores, else BF16) times
+``compute_efficiency`` (``moe_compute_efficiency`` for the routed experts). Weight bytes are
+in their format (``[model] quantization``). Tensor parallelism divides FLOPs, weights and KV
+heads across GPUs and adds each layer's all-reduces (``kvsim.cost.comm``).
 
 Drafting is costed separately (``draft_time_s``), as passes of the drafter with the same
 roofline: EAGLE/EAGLE3/MTP heads are one average decoder layer (active parameters / layers)
@@ -22,8 +27,9 @@ plus the shared LM head; a draft model is its own preset; ngram costs nothing.
 The first pass runs over every scheduled token (the drafter keeps its own KV in step with the
 target's), each of the other k − 1 passes over one row per sampling request.
 
-Efficiencies come from ``[cost]`` and are guesses until fitted (the calibration issue), so
-outputs label this model "uncalibrated".
+Efficiencies and fixed costs come from ``[cost]``, by default the GPU generation's in
+``kvsim/presets/roofline.toml``; they are not yet fitted (``calibration/fit_inferencex.py``),
+so outputs label this model "uncalibrated".
 """
 
 from __future__ import annotations
@@ -113,9 +119,7 @@ def _model_pass(model: ModelCfg, inp: CostInputs, num_layers: int | None = None,
     fmt = model.quant_format or ("fp8" if model.dtype_bytes == 1 else None)
     experts = model.routed_expert_bytes > 0 and body_params is None
     n, k = model.num_experts, model.num_experts_per_tok
-    expert_params = model.routed_expert_params or (
-        (model.num_params - model.active_params) * n // (n - k) if n > k else 0)
-    active_experts = expert_params * k / n if experts else 0.0
+    active_experts = model.routed_params * k / n if experts else 0.0
     if body_params is None:
         body_params = max(model.active_params - model.embedding_params, model.active_params // 2)
         dense_bytes: float = model.weight_bytes - (model.routed_expert_bytes if experts else 0)
