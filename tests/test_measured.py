@@ -96,17 +96,17 @@ def test_a_gpu_without_a_preset_is_built_from_the_runs_files(tmp_path, capsys):
     run = tmp_path / "runs" / "x"
     shutil.copytree(RUNS / "Llama-3.1-8B", run, ignore=shutil.ignore_patterns("outputs"))
     cfg = json.loads((run / "config.json").read_text())
-    cfg["nodes"][0]["instances"][0]["hardware"] = "RTX4090"
+    cfg["nodes"][0]["instances"][0]["hardware"] = "RTXA6000"
     (run / "config.json").write_text(json.dumps(cfg))
     meta = json.loads((run / "vllm" / "meta.json").read_text())
-    meta.update(device_name="NVIDIA GeForce RTX 4090", total_memory_bytes=25_393_692_672,
+    meta.update(device_name="NVIDIA RTX A6000", total_memory_bytes=51_041_271_808,
                 num_gpu_blocks=9000,
                 dataset_path=str(measured._find_upward(RUNS / "Llama-3.1-8B", meta["dataset_path"])))
     (run / "vllm" / "meta.json").write_text(json.dumps(meta))
     bw = cfg["nodes"][0]["instances"][0]["npu_mem"]["mem_bw"]
     sc, rec, rows, _ = measured.compare(run, "rtxpro6000-llama-3.1-8b-tp1")
-    assert sc.hardware.device_name == "NVIDIA GeForce RTX 4090"
-    assert sc.hardware.memory_bytes == 25_393_692_672
+    assert sc.hardware.device_name == "NVIDIA RTX A6000"
+    assert sc.hardware.memory_bytes == 51_041_271_808
     assert sc.hardware.mem_bandwidth_bytes_per_s == bw * 1e9
     assert sc.engine.num_gpu_blocks == 9000 and not sc.engine.num_gpu_blocks_derived
     assert len(rows) == 300
