@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,8 @@ class Bench:
     workload: dict[str, tuple[Any, str]] = field(default_factory=dict)
     seed: int | None = None
     not_modelled: list[str] = field(default_factory=list)
-    command: str = ""
+    program: str = ""  # "vllm bench serve" or "benchmark_serving.py"
+    command: str = ""  # the whole command line
 
 
 def is_client(words: list[str]) -> bool:
@@ -80,7 +82,7 @@ def _number(text: str, kind: str, flag: str) -> Any:
 def parse_bench(words: list[str]) -> Bench:
     """The client's command line as ``[workload]`` keys. Raises ConfigError naming the flag."""
     program, argv = _program(words)
-    out = Bench(command=program)
+    out = Bench(program=program, command=shlex.join(words))
     known = [*FLAGS, *OTHER]
     i = 0
     while i < len(argv):
@@ -116,10 +118,15 @@ def parse_bench(words: list[str]) -> Bench:
             if close:
                 raise ConfigError(flag, f"{program}: no such flag (did you mean {close[0]}?)")
             out.not_modelled.append(flag)
+    if program == "benchmark_serving.py" and not any(
+            w.partition("=")[0].replace("_", "-") == "--dataset-name" for w in argv):
+        raise ConfigError("--dataset-name", "benchmark_serving.py's default dataset is sharegpt, "
+                          "which kvsim does not generate: pass --dataset-name random, or give "
+                          "the requests as a trace ([workload] kind = 'trace')")
     for key, value in CLIENT_DEFAULTS.items():
         if key not in out.workload:
             out.workload[key] = (value, f"{program}'s default")
-    out.workload["generator"] = ("random", "--dataset-name random")
-    out.workload["random_range_rule"] = ("centered" if program == "vllm bench serve" else "below",
-                                         program)
+    out.workload = {"generator": ("random", "--dataset-name random"),
+                    "random_range_rule": ("centered" if program == "vllm bench serve" else "below",
+                                          program), **out.workload}
     return out

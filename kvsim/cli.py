@@ -377,11 +377,7 @@ def cmd_init(args) -> int:
     from kvsim.semantics import DEFAULT_VERSION
     from kvsim.vllm_serve import init
 
-    words = args.serve[1:] if args.serve[:1] == ["--"] else args.serve
-    if not words:
-        raise ConfigError("kvsim init", "give the vllm serve command after --, e.g. kvsim init -- "
-                          "vllm serve Qwen/Qwen3-32B -tp 2")
-    text, not_modelled = init(words, args.hardware, args.vllm or DEFAULT_VERSION)
+    text, not_modelled = init(args.serve, args.hardware, args.vllm or DEFAULT_VERSION)
     if not_modelled:
         print(f"kvsim init: not modelled, left out: {', '.join(dict.fromkeys(not_modelled))}",
               file=sys.stderr)
@@ -554,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=cmd_calibrate)
     ini = sub.add_parser("init", help="write a scenario from a vllm serve command line",
                          usage="kvsim init [--hardware SPEC] [--vllm VERSION] [--out FILE] -- "
-                               "vllm serve MODEL [FLAGS...]")
+                               "vllm serve MODEL [FLAGS...] [-- vllm bench serve [FLAGS...]]")
     ini.add_argument("--hardware", default="h100-sxm", metavar="SPEC", help="the GPU it runs on: a "
                      "hardware preset (default h100-sxm; kvsim presets lists them), a TOML file of "
                      "[hardware] keys (name defaults to the file's stem), or comma-separated "
@@ -567,7 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
     ini.add_argument("--vllm", help="the vLLM release whose flags and defaults to use (default: "
                      "kvsim's newest)")
     ini.add_argument("--out", help="scenario file to write (default: standard output)")
-    ini.add_argument("serve", nargs=argparse.REMAINDER, help="the vllm serve command line, after --")
+    ini.add_argument("serve", nargs=argparse.REMAINDER, help="the vllm serve command line, after --, and optionally the benchmark client's "
+                     "(vllm bench serve or benchmark_serving.py: the [workload]) after a second --")
     ini.set_defaults(func=cmd_init)
     pre = sub.add_parser("presets", help="list the shipped model and hardware presets")
     pre.set_defaults(func=cmd_presets)

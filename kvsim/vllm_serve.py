@@ -6,7 +6,9 @@ The flags are read as the release's own parser reads them: every option string i
 (``kvsim/presets/vllm_serve/<release>.json``, by ``kvsim/oracle/serve_flags.py``). A flag kvsim
 models becomes its scenario key; a real flag kvsim does not model is named on stderr; a flag
 the release does not have is an error with a suggestion. ``--hardware`` names the GPU: a
-preset, a TOML file of [hardware] keys, or key=value pairs (``hardware_table``).
+preset, a TOML file of [hardware] keys, or key=value pairs (``hardware_table``). A benchmark
+client's command after a second ``--`` (``vllm bench serve …``, ``benchmark_serving.py …``)
+becomes the ``[workload]`` (``kvsim.bench_client``); without one the workload is a placeholder.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim import presets
+from kvsim.bench_client import Bench, is_client, parse_bench
 from kvsim.config import _suggest, parse_scenario
 from kvsim.errors import ConfigError
 from kvsim.scenario_text import toml_value
@@ -49,6 +52,8 @@ ENGINE_FLAGS: dict[str, tuple[str, str]] = {
     "mamba_cache_mode": ("mamba_cache_mode", "str"),
     "prefix_cache_retention_interval": ("prefix_cache_retention_interval", "int"),
 }
+# vLLM's destination -> kvsim [model] key.
+MODEL_FLAGS: dict[str, tuple[str, str]] = {"quantization": ("quantization", "str")}
 # --speculative-config keys that are [speculative] keys of the same name, with their types; the
 # others (the drafter checkpoint's "model", kernel settings) are read and named as not modelled.
 SPEC_KEYS = {"method": "str", "num_speculative_tokens": "int", "disable_eagle_block_drop": "bool",
@@ -63,7 +68,8 @@ class Serve:
     """What a command line says, as scenario keys."""
 
     model: str | None = None
-    engine: dict[str, tuple[Any, str]] = field(default_factory=dict)       # key -> (value, flag)
+    model_keys: dict[str, tuple[Any, str]] = field(default_factory=dict)   # key -> (value, flag)
+    engine: dict[str, tuple[Any, str]] = field(default_factory=dict)
     speculative: dict[str, tuple[Any, str]] = field(default_factory=dict)
     not_modelled: list[str] = field(default_factory=list)
 
@@ -167,10 +173,11 @@ def parse_serve(argv: list[str], version: str) -> Serve:
                     raise ConfigError(name, "must be a JSON object, like "
                                       "'{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'")
                 spec_json.update(parsed)
-        elif dest in ENGINE_FLAGS:
-            key, kind = ENGINE_FLAGS[dest]
-            out.engine[key] = (_convert(value, kind, name), word if eq or not entry["takes_value"]
-                               else f"{name} {value}")
+        elif dest in ENGINE_FLAGS or dest in MODEL_FLAGS:
+            key, kind = ENGINE_FLAGS.get(dest) or MODEL_FLAGS[dest]
+            given = out.engine if dest in ENGINE_FLAGS else out.model_keys
+            given[key] = (_convert(value, kind, name), word if eq or not entry["takes_value"]
+                          else f"{name} {value}")
         else:
             out.not_modelled.append(name)
     for k, v in spec_json.items():
@@ -305,35 +312,70 @@ def hardware_table(spec: str) -> dict[str, Any]:
     return dict(sorted(table.items(), key=lambda kv: order.index(kv[0])))
 
 
+def _keyed(table: dict[str, tuple[Any, str]]) -> list[str]:
+    """``key = value  # flag`` lines, the comments aligned."""
+    width = max((len(f"{k} = {toml_value(v)}") for k, (v, _) in table.items()), default=0)
+    return [f"{k} = {toml_value(v)}".ljust(width) + f"  # {flag}" for k, (v, flag) in table.items()]
+
+
 def scenario_text(serve: Serve, model: tuple[str, str, str], hardware: str | dict[str, Any],
-                  version: str, command: str) -> str:
+                  version: str, command: str, client: Bench | None = None) -> str:
     """The commented scenario TOML of a parsed command line (``model`` from resolve_model;
-    ``hardware`` a preset name or a [hardware] table, as ``hardware_table`` returns)."""
+    ``hardware`` a preset name or a [hardware] table, as ``hardware_table`` returns;
+    ``client`` the benchmark client's command, else a placeholder workload)."""
     key, value, note = model
     table = {"preset": hardware} if isinstance(hardware, str) else hardware
     lines = ["# Written by kvsim init from:", f"#   {command}",
+             *([f"#   {client.command}"] if client else []),
              "# Each [engine] key carries vLLM's name; keys left out take vLLM's default for",
-             "# vllm_version (docs/scenario.md). The workload is a placeholder: edit it to your traffic.",
+             "# vllm_version (docs/scenario.md)." + ("" if client else " The workload is a "
+                                                     "placeholder: edit it to your traffic."),
              "", "[model]", f"{key} = {toml_value(value)}" + (f"  # {note}" if note else ""),
+             *_keyed(serve.model_keys),
              "", "[hardware]", *(f"{k} = {toml_value(v)}" for k, v in table.items()), "",
-             "[engine]", f"vllm_version = {toml_value(version)}"]
-    width = max((len(f"{k} = {toml_value(v)}") for k, (v, _) in serve.engine.items()), default=0)
-    for k, (v, flag) in serve.engine.items():
-        lines.append(f"{k} = {toml_value(v)}".ljust(width) + f"  # {flag}")
+             "[engine]", f"vllm_version = {toml_value(version)}", *_keyed(serve.engine)]
     if serve.speculative:
-        lines += ["", "[speculative]"]
-        for k, (v, flag) in serve.speculative.items():
-            lines.append(f"{k} = {toml_value(v)}  # {flag}")
-    lines += ["", "[workload]", 'kind = "synthetic"', 'generator = "shared_prefix"',
-              "num_requests = 200", "request_rate = 4.0", "system_prompt_tokens = 1024",
-              "user_history_tokens = 2048", "input_tokens = 256", "output_tokens = 256", ""]
-    return "\n".join(lines)
+        lines += ["", "[speculative]", *_keyed(serve.speculative)]
+    if client is None:
+        lines += ["", "[workload]", 'kind = "synthetic"', 'generator = "shared_prefix"',
+                  "num_requests = 200", "request_rate = 4.0", "system_prompt_tokens = 1024",
+                  "user_history_tokens = 2048", "input_tokens = 256", "output_tokens = 256"]
+    else:
+        lines += ["", "[workload]", 'kind = "synthetic"', *_keyed(client.workload)]
+        if client.seed is not None:
+            lines += ["", "[run]", f"seed = {client.seed}  # --seed"]
+    return "\n".join(lines) + "\n"
+
+
+def split_commands(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(the ``vllm serve`` words, the client's words or None) of ``kvsim init``'s words: the
+    two commands apart at a ``--``, in either order."""
+    parts: list[list[str]] = [[]]
+    for word in argv:
+        if word == "--":
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    parts = [p for p in parts if p]
+    clients = [p for p in parts if is_client(p)]
+    servers = [p for p in parts if not is_client(p)]
+    if len(clients) > 1 or len(servers) > 1:
+        raise ConfigError("kvsim init", "give one vllm serve command and at most one client "
+                          "command, apart at --: kvsim init -- vllm serve MODEL ... -- vllm "
+                          "bench serve ...")
+    if not servers:
+        raise ConfigError("kvsim init", "give the vllm serve command after --, e.g. kvsim init "
+                          "-- vllm serve Qwen/Qwen3-32B -tp 2")
+    return servers[0], (clients[0] if clients else None)
 
 
 def init(argv: list[str], hardware: str, version: str) -> tuple[str, list[str]]:
     """(scenario TOML, flags read but not modelled); the scenario is checked by parsing it.
+    ``argv``: the ``vllm serve`` words, and a client's after a ``--`` (``split_commands``);
     ``hardware`` is ``--hardware``'s SPEC (``hardware_table``)."""
+    argv, client_words = split_commands(argv)
     serve = parse_serve(argv, version)
+    client = parse_bench(client_words) if client_words is not None else None
     model = resolve_model(serve.model)
     table = hardware_table(hardware)
     if "preset" not in table:  # every key at once, not the parse's first
@@ -346,12 +388,13 @@ def init(argv: list[str], hardware: str, version: str) -> tuple[str, list[str]]:
                               f"needs: {HARDWARE_NEEDS})")
     spec = serve.speculative  # mtp without num_speculative_tokens: the scenario's default
     command = shlex.join(["vllm", "serve", *_serve_words(argv)])
-    text = scenario_text(serve, model, table, version, command)
+    text = scenario_text(serve, model, table, version, command, client)
     try:
         parse_scenario(tomllib.loads(text), Path("scenario.toml"))
     except ConfigError as exc:  # name the flag the key came from
         section, _, key = exc.where.removeprefix("scenario.toml: ").partition(".")
-        given = {"engine": serve.engine, "speculative": spec}.get(section, {})
+        given = {"model": serve.model_keys, "engine": serve.engine, "speculative": spec,
+                 "workload": client.workload if client else {}}.get(section, {})
         if key in given:
             raise ConfigError(given[key][1], exc.what) from None
         if section == "hardware":
@@ -360,4 +403,4 @@ def init(argv: list[str], hardware: str, version: str) -> tuple[str, list[str]]:
                                   f"{HARDWARE_NEEDS})") from None
             raise ConfigError(f"--hardware {key}", exc.what) from None
         raise
-    return text, serve.not_modelled
+    return text, serve.not_modelled + (client.not_modelled if client else [])

@@ -135,7 +135,8 @@ def test_parse_bench_command():
                    "request_rate": math.inf, "generator": "random",
                    "random_range_rule": "centered"}
     assert b.seed == 7 and b.not_modelled == ["--model", "--base-url"]
-    old = parse_bench(["python3", "benchmark_serving.py", "--burstiness", "4", "--request-rate", "2"])
+    old = parse_bench(["python3", "benchmark_serving.py", "--burstiness", "4", "--request-rate", "2",
+                       "--dataset-name", "random"])
     assert old.workload["random_range_rule"][0] == "below"
     assert old.workload["arrival_cv"][0] == 0.5  # gamma of shape 4: CV 1/2
 
@@ -144,6 +145,7 @@ def test_parse_bench_command():
     ("vllm bench serve --max-concurency 4", "did you mean --max-concurrency"),
     ("vllm bench serve --dataset-name sharegpt", "not modelled"),
     ("vllm bench serve --num-prompts many", "expected an integer"),
+    ("python benchmark_serving.py --num-prompts 10", "default dataset is sharegpt"),
 ])
 def test_parse_bench_errors(words, match):
     with pytest.raises(ConfigError, match=match):

@@ -93,3 +93,46 @@ def test_a_local_config_json(tmp_path, capsys):
     assert code == 0, err
     assert tomllib.loads(out.read_text())["model"]["config"] == str(tmp_path / "m" / "config.json")
     assert len(load_scenario(out).engine.kv_groups) == 2
+
+
+def test_the_client_command_after_a_second_separator_is_the_workload(tmp_path, capsys):
+    # InferenceX's gpt-oss point: vllm serve with MXFP4 weights, then the benchmark client
+    # (benchmarks/inferencex_runs.md): 10 x C prompts after 2 x C warm-ups, 0.8 range below L.
+    code, out, err = _init(capsys, tmp_path, "vllm", "serve", "openai/gpt-oss-120b", "-tp", "2",
+                           "--quantization", "mxfp4", "--", "python3", "benchmark_serving.py",
+                           "--model", "openai/gpt-oss-120b", "--dataset-name", "random",
+                           "--random-input-len", "1024", "--random-output-len", "1024",
+                           "--random-range-ratio", "0.8", "--num-prompts", "40",
+                           "--max-concurrency", "4", "--num-warmups", "8", "--ignore-eos",
+                           "--seed", "3", hardware="b200")
+    assert code == 0, err
+    sc = load_scenario(out)
+    w = sc.workload
+    assert sc.model.quantization == "mxfp4" and sc.engine.tensor_parallel_size == 2
+    assert (w.generator, w.random_input_len, w.random_output_len, w.random_range_ratio,
+            w.random_range_rule) == ("random", 1024, 1024, 0.8, "below")
+    assert (w.num_requests, w.max_concurrency, w.num_warmups) == (40, 4, 8)
+    assert w.request_rate == float("inf") and sc.run.seed == 3
+    assert err == ["kvsim init: not modelled, left out: --model",
+                   f"kvsim init: wrote {out} (run it: kvsim run {out})"]
+    assert main(["run", str(out), "--out", str(tmp_path / "run"), "-q"]) == 0
+    # Either order; a vllm bench serve client draws its lengths centred on L.
+    code, out, err = _init(capsys, tmp_path, "vllm", "bench", "serve", "--max-concurrency", "8",
+                           "--", "vllm", "serve", "Qwen/Qwen3-8B")
+    assert code == 0, err
+    w = load_scenario(out).workload
+    assert (w.max_concurrency, w.num_requests, w.random_range_rule) == (8, 1000, "centered")
+
+
+@pytest.mark.parametrize("words, message", [
+    (["vllm", "serve", "Qwen/Qwen3-32B", "--", "vllm", "bench", "serve", "--max-concurency", "4"],
+     "--max-concurency: vllm bench serve: no such flag (did you mean --max-concurrency?)"),
+    (["vllm", "serve", "Qwen/Qwen3-32B", "--", "vllm", "serve", "Qwen/Qwen3-8B"],
+     "give one vllm serve command and at most one client command"),
+    (["vllm", "bench", "serve"], "give the vllm serve command after --"),
+    (["vllm", "serve", "Qwen/Qwen3-32B", "--quantization", "bitsandbytes"], "quantization"),
+])
+def test_bad_client_commands_are_one_line_errors(tmp_path, capsys, words, message):
+    code, out, err = _init(capsys, tmp_path, *words)
+    assert code == 2 and not out.exists()
+    assert len(err) == 1 and message in err[0], err
