@@ -1,4 +1,4 @@
-"""kvsim's mean TTFT and mean TPOT against public measured vLLM runs (throughput: not yet).
+"""kvsim's mean TTFT, mean TPOT and output throughput against public measured vLLM runs.
 
 Every vLLM point of SemiAnalysis InferenceX that kvsim can read (``$KVSIM_SHARED_DATA``, default
 ``../shared/data``, ``inferencex/``: the measured latencies and, where the server log was
@@ -7,19 +7,23 @@ the default cost model: the model (a shipped preset; the weights' precision from
 name), the GPU preset, tensor parallel size, the passed engine arguments (else vLLM's
 defaults), and InferenceX's client: the random dataset at the label's lengths, concurrency C
 with 10·C prompts after 2·C warm-ups (``benchmarks/inferencex_runs.md``). Prints one row per
-point and the medians of |error|, per GPU and in all. A point kvsim cannot build (a model it
-has no config for, a layout it refuses) is listed as such, with the reason, never dropped
-silently.
+point (the measured throughput is derived by Little's law, ``measured_throughput``: the data
+hold none) and the medians of |error| per GPU and model, per GPU, per model and in all. A
+point kvsim cannot build (a model it has no config for, a layout it refuses) is listed as
+such, with the reason, never dropped silently. Then every measured run of the shared data
+(``llmservingsim/runs``), replayed as ``kvsim validate --against measured`` does, its TTFT
+mean, median, P99 and TPOT mean errors beside the peer's.
 
-    python benchmarks/timing_accuracy.py [--gpu h200] [--model gpt-oss-120b] [--max-points N]
+    python benchmarks/timing_accuracy.py [--gpu h200] [--model gpt-oss-120b] [--jobs 2]
 
 Not a timed test: the numbers are what the default cost model predicts today (README,
-"Timing accuracy").
+"How good the timing is").
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -32,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvsim import measured  # noqa: E402
 from kvsim.config import parse_scenario  # noqa: E402
 from kvsim.engine import run  # noqa: E402
 from kvsim.errors import ConfigError  # noqa: E402
@@ -104,8 +109,13 @@ def scenario_for(sw: dict, conc: int, passed: dict, version: str | None,
     warmups = 2 * conc
     if family.startswith("llama"):
         # Oct 2025 runs, no server log: vLLM 0.10.2, FP8 KV, 8192-token steps, max_num_seqs
-        # = C on Hopper (512 on B200), no warm-ups (inferencex_runs.md).
-        engine.update(kv_cache_dtype="fp8", max_num_batched_tokens=8192,
+        # = C on Hopper (512 on B200), each script's max_model_len, no warm-ups
+        # (inferencex_runs.md).
+        short = sw["label"] == "1k1k"
+        max_len = {"h100": 10240, "h200": 2068 if short else 9416,
+                   "b200": (2048 if short else 9216) if precision == "fp8" else
+                   (2068 if short else 9416)}[gpu]
+        engine.update(kv_cache_dtype="fp8", max_num_batched_tokens=8192, max_model_len=max_len,
                       max_num_seqs=512 if gpu == "b200" else conc)
         warmups = 0
     elif gpu == "b200":
@@ -121,11 +131,65 @@ def scenario_for(sw: dict, conc: int, passed: dict, version: str | None,
 def predict(raw: dict) -> dict:
     sc = parse_scenario(raw)
     s = summarize(sc, run(sc, build_requests(sc)))
-    return {"ttft": s["ttft_s"]["mean"], "tpot": s["tpot_s"]["mean"]}
+    return {"ttft": s["ttft_s"]["mean"], "tpot": s["tpot_s"]["mean"],
+            "tput": s["throughput"]["output_tokens_per_s"]}
+
+
+def measured_throughput(workload: dict, conc: int, ttft: float, tpot: float) -> float:
+    """Output tokens per second of a measured point, from its means by Little's law (the data
+    hold no throughput): C requests in flight, each ``ttft + (out − 1)·tpot`` long, ``out``
+    the mean drawn output length."""
+    top = workload["random_output_len"]
+    low = int(top * workload["random_range_ratio"])  # the "below" rule: [int(rL), L]
+    out = (low + top) / 2
+    return conc * out / (ttft + (out - 1) * tpot)
+
+
+def _predict_or_error(raw: dict) -> dict | str:
+    try:
+        return predict(raw)
+    except ConfigError as exc:
+        return str(exc)
+
+
+def predict_all(raws: list[dict], jobs: int = 1) -> list[dict | str]:
+    """``predict`` of each scenario (the error's text where kvsim refuses it), in ``jobs``
+    processes."""
+    if jobs <= 1:
+        return [_predict_or_error(r) for r in raws]
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        return list(pool.map(_predict_or_error, raws, chunksize=1))
 
 
 def err(pred: float, meas: float) -> float:
     return (pred - meas) / meas * 100
+
+
+KEY_METRICS = (("TTFT", "Mean"), ("TTFT", "Median"), ("TTFT", "P99"), ("TPOT", "Mean"))
+
+
+def print_measured_runs(data: Path) -> None:
+    """Every measured run of the shared data (``llmservingsim/runs/<GPU>/<model>``), replayed as
+    ``kvsim validate --against measured`` replays it (its defaults: the GPU's layer profiles),
+    the error of each key metric beside the peer's."""
+    folders = sorted(p.parents[1] for p in (data / "llmservingsim" / "runs").glob("*/*/vllm/meta.json"))
+    if not folders:
+        return
+    print("\nmeasured runs (kvsim validate --against measured): error %, kvsim / peer")
+    print(f"{'run':40}" + "".join(f"{m + ' ' + s:>18}" for m, s in KEY_METRICS))
+    for folder in folders:
+        try:
+            _, _, _, table = measured.compare(folder)
+        except ConfigError as exc:
+            print(f"{folder.parent.name + '/' + folder.name:40} not replayed: {exc}")
+            continue
+        got = {(t["metric"], t["stat"]): t for t in table}
+        cells = []
+        for key in KEY_METRICS:
+            t = got[key]
+            peer = "" if t["peer_diff_pct"] is None else f"{t['peer_diff_pct']:+.1f}"
+            cells.append(f"{t['diff_pct']:+7.1f} / {peer:>6}")
+        print(f"{folder.parent.name + '/' + folder.name:40}" + "".join(f"{c:>18}" for c in cells))
 
 
 def main(argv=None) -> int:
@@ -135,6 +199,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-points", type=int, help="stop after N points")
     ap.add_argument("--prompts-per-concurrency", type=int, default=10,
                     help="requests per unit of concurrency (InferenceX: 10)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="processes (default: one per CPU)")
     args = ap.parse_args(argv)
     data = shared_data()
     if not (data / "inferencex").is_dir():
@@ -142,36 +208,47 @@ def main(argv=None) -> int:
         return 0
     rows, refused = [], {}
     start = time.perf_counter()
-    print(f"{'scenario':44} {'label':5} {'C':>4} {'TTFT ms':>17} {'err':>7} {'TPOT ms':>13} "
-          f"{'err':>7}")
+    todo = []
     for sw, c, ttft, tpot, passed, version in points(data):
         if args.gpu and sw["gpu"] != args.gpu or args.model and not sw["scenario"].startswith(
                 args.model):
             continue
-        if args.max_points and len(rows) >= args.max_points:
+        if args.max_points and len(todo) >= args.max_points:
             break
         try:
             raw = scenario_for(sw, c, passed, version, args.prompts_per_concurrency)
-            p = predict(raw)
-        except (KeyError, ConfigError) as exc:
+        except KeyError as exc:
             refused.setdefault(str(exc).strip("'\""), []).append(f"{sw['scenario']} {sw['label']} c{c}")
             continue
-        e_ttft, e_tpot = err(p["ttft"], ttft), err(p["tpot"], tpot)
-        rows.append((sw["gpu"], sw["scenario"], e_ttft, e_tpot))
+        todo.append((sw, c, ttft, tpot, raw))
+    print(f"{'scenario':44} {'label':5} {'C':>4} {'TTFT ms':>17} {'err':>7} {'TPOT ms':>13} "
+          f"{'err':>7} {'output tok/s':>15} {'err':>7}")
+    for (sw, c, ttft, tpot, raw), p in zip(todo, predict_all([t[-1] for t in todo], args.jobs)):
+        if isinstance(p, str):
+            refused.setdefault(p, []).append(f"{sw['scenario']} {sw['label']} c{c}")
+            continue
+        tput = measured_throughput(raw["workload"], c, ttft, tpot)
+        e_ttft, e_tpot, e_tput = err(p["ttft"], ttft), err(p["tpot"], tpot), err(p["tput"], tput)
+        family = sw["scenario"].split(f"-{sw['gpu']}-")[0]
+        rows.append((sw["gpu"], family, e_ttft, e_tpot, e_tput))
         print(f"{sw['scenario'][:44]:44} {sw['label']:5} {c:>4} {p['ttft'] * 1e3:8.1f}/"
               f"{ttft * 1e3:<8.1f} {e_ttft:+7.1f} {p['tpot'] * 1e3:6.2f}/{tpot * 1e3:<6.2f} "
-              f"{e_tpot:+7.1f}", flush=True)
+              f"{e_tpot:+7.1f} {p['tput']:7.0f}/{tput:<7.0f} {e_tput:+7.1f}", flush=True)
     print()
-    for gpu in sorted({r[0] for r in rows}) + [None]:
-        sel = [r for r in rows if gpu is None or r[0] == gpu]
-        if not sel:
-            continue
-        t = [abs(r[2]) for r in sel]
-        d = [abs(r[3]) for r in sel]
-        print(f"{gpu or 'all':5} {len(sel):4} points  median |err| TTFT {statistics.median(t):6.1f} %"
-              f" (max {max(t):7.1f})   TPOT {statistics.median(d):6.1f} % (max {max(d):6.1f})")
+    groups = [(f"{g} {f}", lambda r, g=g, f=f: r[:2] == (g, f))
+              for g, f in sorted({r[:2] for r in rows})]
+    groups += [(g, lambda r, g=g: r[0] == g) for g in sorted({r[0] for r in rows})]
+    groups += [(f, lambda r, f=f: r[1] == f) for f in sorted({r[1] for r in rows})]
+    for name, pick in groups + [("all", lambda r: True)]:
+        sel = [r for r in rows if pick(r)]
+        t, d, o = ([abs(r[i]) for r in sel] for i in (2, 3, 4))
+        print(f"{name:28} {len(sel):4} points  median |err| TTFT {statistics.median(t):5.1f} % "
+              f"(max {max(t):6.1f})  TPOT {statistics.median(d):5.1f} % (max {max(d):5.1f})  "
+              f"throughput {statistics.median(o):5.1f} % (max {max(o):5.1f})")
     for why, which in refused.items():
         print(f"not predicted ({len(which)} points): {why}")
+    if not args.gpu and not args.model and not args.max_points:
+        print_measured_runs(data)
     print(f"({time.perf_counter() - start:.0f} s)")
     return 0
 

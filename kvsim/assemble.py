@@ -79,7 +79,10 @@ def cost_inputs(sc: Scenario) -> CostInputs:
         compute_efficiency=c.compute_efficiency,
         moe_compute_efficiency=c.moe_compute_efficiency,
         bandwidth_efficiency=c.bandwidth_efficiency,
-        step_overhead_s=c.step_overhead_s, profile=Path(c.profile) if c.profile else None,
+        attention_bandwidth_efficiency=c.attention_bandwidth_efficiency,
+        step_overhead_s=c.step_overhead_s,
+        step_overhead_per_request_s=c.step_overhead_per_request_s,
+        async_scheduling=e.async_scheduling, roofline_constants=c.roofline_constants, profile=Path(c.profile) if c.profile else None,
         layer_profile=Path(c.layer_profile) if c.layer_profile else None,
         drafter=Drafter(s.method, s.num_speculative_tokens, draft))
 

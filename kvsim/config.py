@@ -702,14 +702,22 @@ def _cost(raw: dict, file: str, base: Path | None, model: ModelCfg, engine: Engi
     elif c["layer_profile"]:
         raise ConfigError(f"{file}: cost.layer_profile", "is used only with cost.model = "
                           "'interpolated'")
-    fitted_roofline = roofline_constants(hw.compute_capability)
-    for key in ("compute_efficiency", "moe_compute_efficiency", "bandwidth_efficiency"):
+    generation, fitted_roofline = roofline_generation(hw.compute_capability)
+    given = [k for k, v in fitted_roofline.items()
+             if k != "frontend_latency_s" and c[k] not in (None, v)]  # the step's constants
+    c["roofline_constants"] = ("[cost] constants" if given else "uncalibrated"
+                               if generation == "default" else f"fitted for {generation}")
+    for key in ("compute_efficiency", "moe_compute_efficiency", "bandwidth_efficiency",
+                "attention_bandwidth_efficiency"):
         if c[key] is None:
             c[key] = fitted_roofline[key]
     if c["step_overhead_s"] is None:
         c["step_overhead_s"] = (0.0 if c["model"] == "interpolated" else
                                 fitted_roofline["step_overhead_s"] if c["model"] == "roofline"
                                 else 0.002)
+    if c["step_overhead_per_request_s"] is None:
+        c["step_overhead_per_request_s"] = (fitted_roofline["step_overhead_per_request_s"]
+                                            if c["model"] == "roofline" else 0.0)
     if c["frontend_latency_s"] is None:
         c["frontend_latency_s"] = fitted_roofline["frontend_latency_s"] if client else 0.0
     if c["model"] == "roofline" and hw.peak_flops_per_s is None:
@@ -723,10 +731,19 @@ def _roofline_table() -> dict:
     return tomllib.loads((resources.files("kvsim") / "presets" / "roofline.toml").read_text())
 
 
+def roofline_generation(compute_capability: str | None) -> tuple[str, dict[str, float]]:
+    """(name, constants) of the GPU generation whose table in kvsim/presets/roofline.toml lists
+    ``compute_capability``; ("default", its table) for one no table lists."""
+    tables = _roofline_table()
+    for name, table in tables.items():
+        if compute_capability in table.get("compute_capabilities", ()):
+            return name, {k: v for k, v in table.items() if k != "compute_capabilities"}
+    return "default", dict(tables["default"])
+
+
 def roofline_constants(compute_capability: str | None) -> dict[str, float]:
     """The roofline's fitted constants for a GPU generation (kvsim/presets/roofline.toml)."""
-    table = _roofline_table()
-    return {**table["default"], **table.get(compute_capability or "", {})}
+    return roofline_generation(compute_capability)[1]
 
 
 def _layer_profile(name: str | None, file: str, base: Path | None, model: ModelCfg,

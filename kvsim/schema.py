@@ -425,8 +425,11 @@ COST_KEYS = (
         "grouped GEMMs. Default: the generation's fitted value.", low=0, low_open=True, high=1,
         derived=True),
     Key("bandwidth_efficiency", "float", None, "roofline: fraction of peak memory bandwidth a "
-        "step's weight and KV reads reach. Default: the generation's fitted value.", low=0,
+        "step's weight reads reach. Default: the generation's fitted value.", low=0,
         low_open=True, high=1, derived=True),
+    Key("attention_bandwidth_efficiency", "float", None, "roofline: the same for attention's KV "
+        "cache reads and writes (paged blocks, a format's dequantization). Default: the "
+        "generation's fitted value.", low=0, low_open=True, high=1, derived=True),
     Key("frontend_latency_s", "float", None, "Seconds the API server adds to each request "
         "before its first token (tokenizing, handing it to the engine core, streaming the "
         "token back): a request reaches the scheduler this long after the client sends it, "
@@ -439,6 +442,11 @@ COST_KEYS = (
         "`interpolated`, whose layer profiles, skew fit included, already time a measured run's steps "
         "(`kvsim calibrate --step-overhead RUN` fits it per GPU from measured runs).", low=0,
         derived=True),
+    Key("step_overhead_per_request_s", "float", None, "roofline: CPU seconds per request a step "
+        "schedules (the scheduler's and the model runner's per-request bookkeeping, "
+        "sampling and output processing); added to the GPU's time, or overlapping it with "
+        "`async_scheduling` (the step takes the longer of the two). Default: the generation's "
+        "fitted value with `roofline`, else 0.", low=0, derived=True),
 )
 
 RUN_KEYS = (
@@ -690,8 +698,14 @@ class CostCfg:
     compute_efficiency: float
     moe_compute_efficiency: float
     bandwidth_efficiency: float
+    attention_bandwidth_efficiency: float
     step_overhead_s: float
+    step_overhead_per_request_s: float
     frontend_latency_s: float
+    # Where the roofline's constants come from: "fitted, compute capability 9.0" (the
+    # generation's table in kvsim/presets/roofline.toml), "uncalibrated" (no table for it),
+    # "[cost] constants" (the scenario gives one or more).
+    roofline_constants: str
 
 
 @dataclass(frozen=True, slots=True)

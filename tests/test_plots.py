@@ -109,7 +109,7 @@ def test_every_figure_says_what_it_simulated(versions, drawn):
     assert len(drawn) == 10
     for _, _, stamp in drawn.values():
         assert stamp == ("kvsim 0.1.0 · vLLM 0.22.1 / 0.32.0 / 0.33.0 (varied) semantics · "
-                         "deepseek-v3 on h200 · cost model: roofline (uncalibrated)")
+                         "deepseek-v3 on h200 · cost model: roofline (fitted for Hopper)")
 
 
 def test_inter_token_latencies_add_up_to_each_request_decode_time(sweep):

@@ -12,13 +12,16 @@ from kvsim.cost.comm import AllReduce
 from kvsim.cost.roofline import RooflineCost
 
 
-def scenario(model: str, hardware: str = "h100-sxm", tp: int = 1, **model_keys):
+def scenario(model: str, hardware: str = "h100-sxm", tp: int = 1, cost=None, engine=None,
+             **model_keys):
     return parse_scenario({
         "model": {"preset": model, **model_keys}, "hardware": {"preset": hardware},
-        "engine": {"tensor_parallel_size": tp, "max_model_len": 4096, "num_gpu_blocks": 1000},
+        "engine": {"tensor_parallel_size": tp, "max_model_len": 4096, "num_gpu_blocks": 1000,
+                   **(engine or {})},
         # memory-bound or compute-bound by construction: no overhead, full efficiencies
         "cost": {"step_overhead_s": 0.0, "compute_efficiency": 1.0, "bandwidth_efficiency": 1.0,
-                 "moe_compute_efficiency": 1.0}})
+                 "moe_compute_efficiency": 1.0, "attention_bandwidth_efficiency": 1.0,
+                 "step_overhead_per_request_s": 0.0, **(cost or {})}})
 
 
 def test_a_decode_step_reads_only_the_experts_its_tokens_touch():
@@ -72,3 +75,41 @@ def test_tensor_parallel_all_reduce_latency_grows_with_log2_of_the_gpus():
             2 * (hops * inp.interconnect_latency_s
                  + 2 * (tp - 1) / tp * 8192 * 2 / inp.interconnect_bandwidth_bytes_per_s))
     assert math.ceil(math.log2(8)) == 3
+
+
+def test_kv_reads_at_the_attention_bandwidth():
+    # Llama-3.1-8B BF16 decode, 32 requests at 4,095 tokens of context: weights at full
+    # bandwidth, 32 x 4,096 tokens of KV (32 layers x 8 heads x 128 x 2 x 2 bytes = 131,072
+    # per token) read, 32 x 1 written, at half of it.
+    sc = scenario("llama-3.1-8b", cost={"attention_bandwidth_efficiency": 0.5})
+    m, bw = sc.model, sc.hardware.mem_bandwidth_bytes_per_s
+    t = RooflineCost(cost_inputs(sc)).step_time_s([(1, 4095)] * 32, 32)
+    kv = 131_072 * (32 * 4096 + 32)
+    assert t == pytest.approx(m.weight_bytes / bw + kv / (0.5 * bw), rel=1e-9)
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_per_request_cpu_time_adds_or_overlaps(is_async):
+    # 64 decodes of Llama-3.1-8B at no context: the GPU reads the weights (about 4.8 ms on an
+    # H100); the CPU spends 0.1 ms per request, 6.4 ms: added without async scheduling, the
+    # longer of the two with it; the fixed overhead is added either way.
+    sc = scenario("llama-3.1-8b", cost={"step_overhead_per_request_s": 1e-4,
+                                        "step_overhead_s": 1e-3},
+                  engine={"async_scheduling": is_async})
+    bw = sc.hardware.mem_bandwidth_bytes_per_s
+    gpu = RooflineCost(cost_inputs(scenario("llama-3.1-8b"))).step_time_s([(1, 0)] * 64, 64)
+    assert gpu == pytest.approx(sc.model.weight_bytes / bw, rel=2e-3)  # + 64 tokens of KV
+    t = RooflineCost(cost_inputs(sc)).step_time_s([(1, 0)] * 64, 64)
+    cpu = 64 * 1e-4
+    assert t == pytest.approx(1e-3 + (max(gpu, cpu) if is_async else gpu + cpu), rel=1e-12)
+
+
+def test_the_label_says_where_the_constants_come_from():
+    def label(hardware, cost=None):
+        sc = parse_scenario({"model": {"preset": "llama-3.1-8b"}, "hardware": {"preset": hardware},
+                             "engine": {"max_model_len": 4096}, "cost": cost or {}})
+        return RooflineCost(cost_inputs(sc)).label
+
+    assert label("h100-sxm") == "roofline (fitted for Hopper)"
+    assert label("a100-80gb") == "roofline (uncalibrated)"  # no Ampere table
+    assert label("h100-sxm", {"compute_efficiency": 0.5}) == "roofline ([cost] constants)"

@@ -44,7 +44,11 @@ class CostInputs:
     compute_efficiency: float
     moe_compute_efficiency: float  # the routed experts' grouped GEMMs
     bandwidth_efficiency: float
+    attention_bandwidth_efficiency: float  # the KV cache's reads and writes
     step_overhead_s: float
+    step_overhead_per_request_s: float  # the roofline's CPU time per scheduled request
+    async_scheduling: bool  # the CPU's step work overlaps the GPU's (vLLM --async-scheduling)
+    roofline_constants: str  # where the roofline's constants come from (its label)
     profile: Path | None  # a fitted model's profile
     layer_profile: Path | None  # an interpolated model's layer-profile folder
     drafter: Drafter

@@ -7,11 +7,14 @@ tokens::
             + 2 · P_routed·k/E · T / peak(expert format)              the top-k routed experts
             + 2 · V · h · (#sampled rows) / peak(BF16)                LM head
             + 4 · heads · d · Σ n·(c' + (n+1)/2) / peak(BF16)         attention, per layer
-    bytes   = dense weight bytes
+    weights = dense weight bytes
             + routed expert bytes · (1 − (1 − k/E)^T)   the experts the step's tokens touch
-            + kv_bytes_per_token · Σ (c' + n)           KV read by attention
+    kv      = kv_bytes_per_token · Σ (c' + n)           KV read by attention
             + kv_bytes_per_token · Σ n                  KV written
-    time    = step_overhead_s + max(compute, bytes / (bandwidth · bandwidth_efficiency))
+    gpu     = max(compute, weights / (bandwidth · bandwidth_efficiency)
+                           + kv / (bandwidth · attention_bandwidth_efficiency)) + all-reduces
+    cpu     = step_overhead_per_request_s · (requests in the step)
+    time    = step_overhead_s + (max(gpu, cpu) with async scheduling, else gpu + cpu)
 
 ``c'`` is ``c`` on full-attention layers and at most the window on sliding-window ones.
 ``P_body`` is the active parameter count (MoE: ``num_active_params``) less the embedding and
@@ -28,8 +31,9 @@ The first pass runs over every scheduled token (the drafter keeps its own KV in 
 target's), each of the other k − 1 passes over one row per sampling request.
 
 Efficiencies and fixed costs come from ``[cost]``, by default the GPU generation's in
-``kvsim/presets/roofline.toml``; they are not yet fitted (``calibration/fit_inferencex.py``),
-so outputs label this model "uncalibrated".
+``kvsim/presets/roofline.toml``, fitted by ``calibration/fit_inferencex.py`` on InferenceX's
+public vLLM runs; a generation with no table of its own takes ``[default]`` and outputs label
+the model "uncalibrated".
 """
 
 from __future__ import annotations
@@ -62,9 +66,10 @@ class _Pass:
     full_kv_bytes_per_token: float
     window_kv_bytes_per_token: float
 
-    def time_s(self, chunks, num_rows: int, bytes_per_s: float,
+    def time_s(self, chunks, num_rows: int, bytes_per_s: float, kv_bytes_per_s: float,
                decodes: Decodes | None = None) -> float:
-        """``decodes``: further chunks ``(n, c)`` of one length, as ``Decodes``."""
+        """``decodes``: further chunks ``(n, c)`` of one length, as ``Decodes``; weights are
+        read at ``bytes_per_s``, the KV cache at ``kv_bytes_per_s``."""
         tokens = pairs = kv_read = 0.0
         w_pairs = w_read = 0.0
         w = self.window
@@ -86,18 +91,19 @@ class _Pass:
                 w_pairs += n * min(c + (n + 1) / 2, w)
         if not w:
             w_pairs, w_read = pairs, kv_read
-        return self.time_of(tokens, pairs, kv_read, w_pairs, w_read, num_rows, bytes_per_s)
+        return self.time_of(tokens, pairs, kv_read, w_pairs, w_read, num_rows, bytes_per_s,
+                            kv_bytes_per_s)
 
     def time_of(self, tokens: float, pairs: float, kv_read: float, w_pairs: float, w_read: float,
-                num_rows: int, bytes_per_s: float) -> float:
+                num_rows: int, bytes_per_s: float, kv_bytes_per_s: float) -> float:
         compute = ((self.linear_s_per_token + self.expert_s_per_token) * tokens
                    + self.lm_head_s_per_row * num_rows + self.full_attn_s_per_pair * pairs
                    + self.window_attn_s_per_pair * w_pairs)
-        nbytes = (self.dense_weight_bytes
-                  + self.expert_weight_bytes * expert_share(tokens, *self.experts)
-                  + self.full_kv_bytes_per_token * (kv_read + tokens)
-                  + self.window_kv_bytes_per_token * (w_read + tokens))
-        return max(compute, nbytes / bytes_per_s)
+        weights = (self.dense_weight_bytes
+                   + self.expert_weight_bytes * expert_share(tokens, *self.experts))
+        kv = (self.full_kv_bytes_per_token * (kv_read + tokens)
+              + self.window_kv_bytes_per_token * (w_read + tokens))
+        return max(compute, weights / bytes_per_s + kv / kv_bytes_per_s)
 
 
 def format_peak(fmt: str | None, inp: CostInputs) -> float:
@@ -151,15 +157,17 @@ def _model_pass(model: ModelCfg, inp: CostInputs, num_layers: int | None = None,
 
 
 class RooflineCost:
-    label = "roofline (uncalibrated)"
-
     def __init__(self, inp: CostInputs):
+        self.label = f"roofline ({inp.roofline_constants})"
         model = inp.model
         self.target = _model_pass(model, inp)
         self.allreduce = AllReduce(inp)
         self.num_layers = model.num_hidden_layers
         self.bytes_per_s = inp.mem_bandwidth_bytes_per_s * inp.bandwidth_efficiency
+        self.kv_bytes_per_s = inp.mem_bandwidth_bytes_per_s * inp.attention_bandwidth_efficiency
         self.overhead_s = inp.step_overhead_s
+        self.per_request_s = inp.step_overhead_per_request_s
+        self.overlap = inp.async_scheduling
         self.experts = (model.num_experts, model.num_experts_per_tok)
         self.expert_read_s = model.routed_expert_bytes / inp.tensor_parallel_size / self.bytes_per_s
         self.drafter: _Pass | None = None
@@ -182,10 +190,13 @@ class RooflineCost:
         """Seconds for the target model's step over ``chunks`` (pairs ``(n, c)``) and
         ``decodes`` (further chunks as ``Decodes``), the same seconds, bit for bit, as with
         those chunks listed."""
+        count = len(chunks) + (decodes[0] if decodes is not None else 0)
         tokens = sum(n for n, _ in chunks) + (decodes[0] * decodes[1] if decodes is not None else 0)
-        return (self.overhead_s + self.target.time_s(chunks, num_sampled, self.bytes_per_s,
-                                                     decodes)
-                + self.allreduce.time_s(tokens, self.num_layers))
+        gpu = (self.target.time_s(chunks, num_sampled, self.bytes_per_s, self.kv_bytes_per_s,
+                                  decodes)
+               + self.allreduce.time_s(tokens, self.num_layers))
+        cpu = self.per_request_s * count
+        return self.overhead_s + (max(gpu, cpu) if self.overlap else gpu + cpu)
 
     def moe_time_s(self, tokens: float, ranks: int = 1) -> float:
         """Reading the routed experts ``tokens`` tokens touch on a ``1/ranks`` share of them
@@ -197,11 +208,12 @@ class RooflineCost:
         if self.drafter is None or not num_sampled:
             return 0.0
         tokens = sum(n for n, _ in chunks) + (decodes[0] * decodes[1] if decodes is not None else 0)
-        first = (self.drafter.time_s(chunks, num_sampled, self.bytes_per_s, decodes)
+        first = (self.drafter.time_s(chunks, num_sampled, self.bytes_per_s, self.kv_bytes_per_s,
+                                     decodes)
                  + self.allreduce.time_s(tokens, self.draft_layers))
         # Its other passes: one token per sampling request, at no context (num_sampled
         # chunks (1, 0)).
-        rest = (self.drafter.time_s((), num_sampled, self.bytes_per_s,
+        rest = (self.drafter.time_s((), num_sampled, self.bytes_per_s, self.kv_bytes_per_s,
                                     (num_sampled, 1, num_sampled, 1, 1))
                 + self.allreduce.time_s(num_sampled, self.draft_layers))
         return first + (self.num_draft_passes - 1) * rest
