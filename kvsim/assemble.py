@@ -82,7 +82,8 @@ def cost_inputs(sc: Scenario) -> CostInputs:
         attention_bandwidth_efficiency=c.attention_bandwidth_efficiency,
         step_overhead_s=c.step_overhead_s,
         step_overhead_per_request_s=c.step_overhead_per_request_s,
-        async_scheduling=e.async_scheduling, roofline_constants=c.roofline_constants, profile=Path(c.profile) if c.profile else None,
+        async_scheduling=e.async_scheduling, roofline_constants=c.roofline_constants,
+        profile=Path(c.profile) if c.profile else None,
         layer_profile=Path(c.layer_profile) if c.layer_profile else None,
         drafter=Drafter(s.method, s.num_speculative_tokens, draft))
 

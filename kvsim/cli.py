@@ -563,8 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     ini.add_argument("--vllm", help="the vLLM release whose flags and defaults to use (default: "
                      "kvsim's newest)")
     ini.add_argument("--out", help="scenario file to write (default: standard output)")
-    ini.add_argument("serve", nargs=argparse.REMAINDER, help="the vllm serve command line, after --, and optionally the benchmark client's "
-                     "(vllm bench serve or benchmark_serving.py: the [workload]) after a second --")
+    ini.add_argument("serve", nargs=argparse.REMAINDER, help="the vllm serve command line, after "
+                     "--, and optionally the benchmark client's (vllm bench serve or "
+                     "benchmark_serving.py: the [workload]) after a second --")
     ini.set_defaults(func=cmd_init)
     pre = sub.add_parser("presets", help="list the shipped model and hardware presets")
     pre.set_defaults(func=cmd_presets)
