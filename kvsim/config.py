@@ -741,11 +741,6 @@ def roofline_generation(compute_capability: str | None) -> tuple[str, dict[str, 
     return "default", dict(tables["default"])
 
 
-def roofline_constants(compute_capability: str | None) -> dict[str, float]:
-    """The roofline's fitted constants for a GPU generation (kvsim/presets/roofline.toml)."""
-    return roofline_generation(compute_capability)[1]
-
-
 def _layer_profile(name: str | None, file: str, base: Path | None, model: ModelCfg,
                    engine: EngineCfg) -> Path:
     """The checked layer-profile folder of ``[cost] layer_profile``."""
