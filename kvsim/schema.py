@@ -404,7 +404,8 @@ WORKLOAD_KEYS = (
 )
 
 COST_KEYS = (
-    Key("model", "str", None, "Step-time model: `roofline` (uncalibrated, from `[hardware]` numbers), "
+    Key("model", "str", None, "Step-time model: `roofline` (from `[hardware]` numbers and its "
+        "GPU generation's constants, fitted on public vLLM runs where kvsim has them), "
         "`fitted` (a calibration profile, `kvsim calibrate`) or `interpolated` (vLLM layer profiles "
         "read directly, `layer_profile`); default `interpolated` when `layer_profile` is given, "
         "else `fitted` when `profile` is, else `roofline`.", choices=get_args(CostModelName),
