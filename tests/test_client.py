@@ -157,3 +157,29 @@ def test_lazy_decode_gives_the_step_by_step_run():
     lazy = run(sc, build_requests(sc))
     key = [(r.req_id, r.arrival_s, r.first_token_s, r.finish_s) for r in step_by_step.requests]
     assert [(r.req_id, r.arrival_s, r.first_token_s, r.finish_s) for r in lazy.requests] == key
+
+
+def test_frontend_latency_delays_each_request_by_exactly_that_much():
+    # One request in flight at a time: the engine is idle whenever a request reaches it, so
+    # the API server's 50 ms shifts every request's first token by 50 ms after its send and
+    # changes nothing else (TPOT, tokens, the order).
+    def ttfts(latency):
+        sc = parse_scenario({**_raw(8), "cost": {"frontend_latency_s": latency}})
+        rec = run(sc, build_requests(sc), check_invariants=True)
+        rs = sorted(rec.requests, key=lambda r: r.seq)
+        return ([r.first_token_s - r.arrival_s for r in rs],
+                [(r.finish_s - r.first_token_s, r.num_output_tokens) for r in rs])
+
+    t0, rest0 = ttfts(0.0)
+    t1, rest1 = ttfts(0.05)
+    assert [b - a for a, b in zip(t0, t1)] == pytest.approx([0.05] * 8, abs=1e-9)
+    assert [d for d, _ in rest1] == pytest.approx([d for d, _ in rest0], abs=1e-9)
+    assert [n for _, n in rest1] == [n for _, n in rest0]
+
+
+def _raw(n: int) -> dict:
+    return {"model": {"preset": "llama-3.2-1b"}, "hardware": {"preset": "l40s"},
+            "engine": {"num_gpu_blocks": 2000, "max_model_len": 4096},
+            "workload": {"generator": "random", "num_requests": n, "request_rate": math.inf,
+                         "random_input_len": 300, "random_output_len": 40,
+                         "random_range_ratio": 0.5, "max_concurrency": 1}}
