@@ -37,7 +37,6 @@ from kvsim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("KVSIM_SHARED_DATA", ROOT.parent / "shared" / "data"))
-KEY_METRICS = (("TTFT", "Mean"), ("TTFT", "Median"), ("TTFT", "P99"), ("TPOT", "Mean"))
 
 
 # (profiles, runs) folders of the two layouts
@@ -168,12 +167,12 @@ def main(extra: list[str]) -> None:
                 for how, overhead in cases:
                     e = errors(run, by_run[run], overhead)
                     k = e["kvsim"]
-                    cells = " | ".join(f"{k[m]:+.1f}" for m in KEY_METRICS)
+                    cells = " | ".join(f"{k[m]:+.1f}" for m in measured.KEY_METRICS)
                     print(f"| {name} | {label} | {e['overhead_ms']:.2f} ms ({how}) | {cells} | "
                           f"{np.mean(np.abs(list(k.values()))):.1f} |", flush=True)
             p = e["peer"]
             if all(v is not None for v in p.values()):
-                cells = " | ".join(f"{p[m]:+.1f}" for m in KEY_METRICS)
+                cells = " | ".join(f"{p[m]:+.1f}" for m in measured.KEY_METRICS)
                 print(f"| {name} | peer (LLMServingSim) | — | {cells} | "
                       f"{np.mean(np.abs(list(p.values()))):.1f} |", flush=True)
 

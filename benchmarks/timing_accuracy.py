@@ -165,7 +165,6 @@ def err(pred: float, meas: float) -> float:
     return (pred - meas) / meas * 100
 
 
-KEY_METRICS = (("TTFT", "Mean"), ("TTFT", "Median"), ("TTFT", "P99"), ("TPOT", "Mean"))
 
 
 def print_measured_runs(data: Path) -> None:
@@ -176,7 +175,7 @@ def print_measured_runs(data: Path) -> None:
     if not folders:
         return
     print("\nmeasured runs (kvsim validate --against measured): error %, kvsim / peer")
-    print(f"{'run':40}" + "".join(f"{m + ' ' + s:>18}" for m, s in KEY_METRICS))
+    print(f"{'run':40}" + "".join(f"{m + ' ' + s:>18}" for m, s in measured.KEY_METRICS))
     for folder in folders:
         try:
             _, _, _, table = measured.compare(folder)
@@ -185,7 +184,7 @@ def print_measured_runs(data: Path) -> None:
             continue
         got = {(t["metric"], t["stat"]): t for t in table}
         cells = []
-        for key in KEY_METRICS:
+        for key in measured.KEY_METRICS:
             t = got[key]
             peer = "" if t["peer_diff_pct"] is None else f"{t['peer_diff_pct']:+.1f}"
             cells.append(f"{t['diff_pct']:+7.1f} / {peer:>6}")

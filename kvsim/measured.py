@@ -42,6 +42,8 @@ from kvsim.workload.jsonl import json_lines
 
 METRICS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("Latency", "latency_ms"))
 STATS = ("Mean", "Median", "P90", "P95", "P99")
+# The figures a measured run is judged on (issue #38): TTFT mean, median, P99 and TPOT mean.
+KEY_METRICS = (("TTFT", "Mean"), ("TTFT", "Median"), ("TTFT", "P99"), ("TPOT", "Mean"))
 # vLLM's defaults where a run's meta.json leaves a setting out (as of vLLM 0.19).
 VLLM_DEFAULTS = {"block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.9}
 # vLLM's effective settings where the run recorded its resolved config (LLMServingSim's newer
