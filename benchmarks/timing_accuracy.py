@@ -234,12 +234,13 @@ def main(argv=None) -> int:
               f"{ttft * 1e3:<8.1f} {e_ttft:+7.1f} {p['tpot'] * 1e3:6.2f}/{tpot * 1e3:<6.2f} "
               f"{e_tpot:+7.1f} {p['tput']:7.0f}/{tput:<7.0f} {e_tput:+7.1f}", flush=True)
     print()
-    groups = [(f"{g} {f}", lambda r, g=g, f=f: r[:2] == (g, f))
-              for g, f in sorted({r[:2] for r in rows})]
-    groups += [(g, lambda r, g=g: r[0] == g) for g in sorted({r[0] for r in rows})]
-    groups += [(f, lambda r, f=f: r[1] == f) for f in sorted({r[1] for r in rows})]
-    for name, pick in groups + [("all", lambda r: True)]:
-        sel = [r for r in rows if pick(r)]
+    groups: dict[str, list] = {}
+    for r in rows:  # per GPU and model, per GPU, per model, all
+        for name in (f"{r[0]} {r[1]}", r[0], r[1], "all"):
+            groups.setdefault(name, []).append(r)
+    kinds = ({f"{r[0]} {r[1]}" for r in rows}, {r[0] for r in rows}, {r[1] for r in rows}, {"all"})
+    for name in [n for kind in kinds for n in sorted(kind)]:
+        sel = groups[name]
         t, d, o = ([abs(r[i]) for r in sel] for i in (2, 3, 4))
         print(f"{name:28} {len(sel):4} points  median |err| TTFT {statistics.median(t):5.1f} % "
               f"(max {max(t):6.1f})  TPOT {statistics.median(d):5.1f} % (max {max(d):5.1f})  "
